@@ -1,0 +1,29 @@
+"""chassis-worker's producer side: enqueue jobs, emit usage events, schedule timers.
+
+Importable without the worker; runs no DDL.
+"""
+
+from .errors import InvalidJob, QueueNotFound, SenderError
+from .events import UsageEvent, new_ulid
+from .options import SendOptions
+from .pool import create_pool
+from .sender import Sender
+from .timers import Timers
+from .usage import USAGE_HELD_QUEUE, USAGE_QUEUE, UsageRetry, UsageSink, usage_send_options
+
+__all__ = [
+    "USAGE_HELD_QUEUE",
+    "USAGE_QUEUE",
+    "InvalidJob",
+    "QueueNotFound",
+    "SendOptions",
+    "Sender",
+    "SenderError",
+    "Timers",
+    "UsageEvent",
+    "UsageRetry",
+    "UsageSink",
+    "create_pool",
+    "new_ulid",
+    "usage_send_options",
+]

@@ -1,0 +1,23 @@
+"""Exceptions the producer API raises."""
+
+from __future__ import annotations
+
+
+class SenderError(Exception):
+    """Base class of every error ``api_sender`` raises on purpose."""
+
+
+class QueueNotFound(SenderError, LookupError):
+    """The named queue is not installed in the queue schema."""
+
+    def __init__(self, queue: str, schema: str) -> None:
+        super().__init__(
+            f"queue {queue!r} does not exist in schema {schema!r}; "
+            "a worker install (chassis-worker migrate) creates the queues"
+        )
+        self.queue = queue
+        self.schema = schema
+
+
+class InvalidJob(SenderError, ValueError):
+    """A job's payload or options cannot be enqueued; the message names the field."""

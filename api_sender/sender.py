@@ -1,0 +1,215 @@
+"""The producer: enqueue jobs into the durable queue, alone or inside the caller's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any, Self, TypeAlias
+
+import asyncpg
+
+from ._schema import check_schema_name
+from .errors import InvalidJob, QueueNotFound
+from .options import SendOptions, StartAfter, encode_data
+from .pool import create_pool
+from .sql import SenderStatements, render
+from .timers import Timers
+from .usage import UsageRetry, UsageSink
+
+#: A pool or a single connection: anything asyncpg can run a statement on.
+Executor: TypeAlias = "asyncpg.Pool | asyncpg.Connection"
+
+
+class Sender:
+    """Enqueues jobs. Runs no DDL: it needs only INSERT/SELECT/UPDATE on the queue tables.
+
+    Build one over an existing pool with ``Sender(pool)`` or let it own a pool with
+    ``async with Sender.connect(url) as sender``.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        schema: str = "jobs",
+        usage_retry: UsageRetry | None = None,
+    ) -> None:
+        self.schema = check_schema_name(schema)
+        self._pool = pool
+        self._sql: SenderStatements = render(schema)
+        self._owns_pool = False
+        #: Durable usage emission (``sender.usage.emit(event)``); never raises into the caller.
+        self.usage = UsageSink(self, retry=usage_retry)
+        #: One-off timers, keyed or not (``sender.timers.schedule(...)``).
+        self.timers = Timers(self)
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        schema: str = "jobs",
+        min_size: int = 1,
+        max_size: int = 10,
+        usage_retry: UsageRetry | None = None,
+    ) -> _Connecting:
+        """Open a pool of its own; use as ``async with Sender.connect(url) as sender``."""
+        return _Connecting(cls, url, schema, min_size, max_size, usage_retry)
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The pool this sender enqueues through."""
+        return self._pool
+
+    @property
+    def statements(self) -> SenderStatements:
+        """The rendered producer statements (for the timers and usage helpers)."""
+        return self._sql
+
+    async def close(self) -> None:
+        """Close the pool if this sender opened it."""
+        if self._owns_pool:
+            await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def send(
+        self,
+        queue: str,
+        data: Any = None,
+        *,
+        start_after: StartAfter = None,
+        singleton_key: str | None = None,
+        priority: int = 0,
+        retry_limit: int | None = None,
+        retry_delay: int | None = None,
+        retry_backoff: bool | None = None,
+        expire_in_seconds: int | None = None,
+        connection: asyncpg.Connection | None = None,
+    ) -> int | None:
+        """Enqueue one job and return its id.
+
+        Returns ``None`` when the queue's policy refuses a second job for ``singleton_key``
+        (``short``/``stately`` queues). With ``connection=``, the job exists if and only if the
+        caller's transaction commits. Raises :class:`QueueNotFound` for an unknown queue.
+        """
+        options = SendOptions(
+            start_after=start_after,
+            singleton_key=singleton_key,
+            priority=priority,
+            retry_limit=retry_limit,
+            retry_delay=retry_delay,
+            retry_backoff=retry_backoff,
+            expire_in_seconds=expire_in_seconds,
+        )
+        return await self.send_with(queue, data, options, connection=connection)
+
+    async def send_with(
+        self,
+        queue: str,
+        data: Any,
+        options: SendOptions,
+        *,
+        connection: asyncpg.Connection | None = None,
+    ) -> int | None:
+        """Like :meth:`send`, with the options given as one :class:`SendOptions` value."""
+        _check_queue_name(queue)
+        payload = encode_data(data)
+        executor: Executor = connection if connection is not None else self._pool
+        row = await executor.fetchrow(self._sql.send, queue, payload, *options.args())
+        assert row is not None
+        if not row["queue_found"]:
+            raise QueueNotFound(queue, self.schema)
+        job_id: int | None = row["id"]
+        return job_id
+
+    async def send_many(
+        self,
+        queue: str,
+        items: Iterable[Any],
+        *,
+        start_after: StartAfter = None,
+        singleton_key: str | None = None,
+        priority: int = 0,
+        retry_limit: int | None = None,
+        retry_delay: int | None = None,
+        retry_backoff: bool | None = None,
+        expire_in_seconds: int | None = None,
+        connection: asyncpg.Connection | None = None,
+    ) -> list[int]:
+        """Enqueue one job per item in a single statement and return their ids in order.
+
+        Every job shares the options given. On ``short``/``stately`` queues a refused key is
+        left out of the returned ids.
+        """
+        options = SendOptions(
+            start_after=start_after,
+            singleton_key=singleton_key,
+            priority=priority,
+            retry_limit=retry_limit,
+            retry_delay=retry_delay,
+            retry_backoff=retry_backoff,
+            expire_in_seconds=expire_in_seconds,
+        )
+        _check_queue_name(queue)
+        payloads = [encode_data(item) for item in items]
+        if not payloads:
+            return []
+        executor: Executor = connection if connection is not None else self._pool
+        row = await executor.fetchrow(self._sql.send_many, queue, payloads, *options.args())
+        assert row is not None
+        if not row["queue_found"]:
+            raise QueueNotFound(queue, self.schema)
+        return list(row["ids"])
+
+
+class _Connecting:
+    """The awaitable context manager ``Sender.connect`` returns."""
+
+    def __init__(
+        self,
+        cls: type[Sender],
+        url: str,
+        schema: str,
+        min_size: int,
+        max_size: int,
+        usage_retry: UsageRetry | None,
+    ) -> None:
+        self._args = (cls, url, schema, min_size, max_size, usage_retry)
+        self._sender: Sender | None = None
+
+    async def open(self) -> Sender:
+        """Open the pool and return the sender (closing it is then the caller's job)."""
+        cls, url, schema, min_size, max_size, usage_retry = self._args
+        check_schema_name(schema)
+        pool = await create_pool(url, min_size=min_size, max_size=max_size)
+        sender = cls(pool, schema=schema, usage_retry=usage_retry)
+        sender._owns_pool = True
+        return sender
+
+    async def __aenter__(self) -> Sender:
+        self._sender = await self.open()
+        return self._sender
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._sender is not None:
+            await self._sender.close()
+
+
+def _check_queue_name(queue: str) -> None:
+    if not isinstance(queue, str) or not queue:
+        raise InvalidJob("queue must be a non-empty string")

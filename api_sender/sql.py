@@ -1,0 +1,119 @@
+"""Named SQL statements of the producer side, rendered once per queue schema.
+
+Every statement takes the data as JSON text (``$n::text::jsonb``) and returns ids and JSON as
+plain values, so they work on any asyncpg pool whatever type codecs its owner installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._schema import notify_channel, quoted
+
+# Shared by send and send_many: the job takes the queue's retry policy unless the caller overrides
+# it, and its policy is copied so the singleton indexes need no join. ON CONFLICT DO NOTHING (no
+# target) yields no row when a short/stately queue already has that key queued.
+_INSERT_COLUMNS = """
+    queue, policy, data, priority, singleton_key, start_after,
+    retry_limit, retry_delay, retry_backoff, expire_seconds"""
+
+_SEND = """
+-- send: one job. The NOTIFY is transactional (delivered on commit, dropped on rollback) and
+-- carries only the queue name; it is sent only when the job is due now.
+WITH q AS (
+    SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
+    FROM {s}.queue WHERE name = $1
+), ins AS (
+    INSERT INTO {s}.job ({cols})
+    SELECT q.name, q.policy, $2::text::jsonb, $3::int, $4::text,
+           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
+           COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
+           COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
+    FROM q
+    ON CONFLICT DO NOTHING
+    RETURNING id, start_after <= now() AS due
+), note AS (
+    SELECT pg_notify('{channel}', $1) FROM ins WHERE ins.due
+)
+SELECT (SELECT id FROM ins) AS id,
+       EXISTS (SELECT 1 FROM q) AS queue_found,
+       (SELECT count(*) FROM note) AS notified
+"""
+
+_SEND_MANY = """
+-- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY).
+WITH q AS (
+    SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
+    FROM {s}.queue WHERE name = $1
+), ins AS (
+    INSERT INTO {s}.job ({cols})
+    SELECT q.name, q.policy, d.data::jsonb, $3::int, $4::text,
+           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
+           COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
+           COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
+    FROM q, unnest($2::text[]) WITH ORDINALITY AS d(data, n)
+    ORDER BY d.n
+    ON CONFLICT DO NOTHING
+    RETURNING id, start_after <= now() AS due
+), note AS (
+    SELECT pg_notify('{channel}', $1) WHERE EXISTS (SELECT 1 FROM ins WHERE ins.due)
+)
+SELECT EXISTS (SELECT 1 FROM q) AS queue_found,
+       ARRAY(SELECT id FROM ins ORDER BY id) AS ids,
+       (SELECT count(*) FROM note) AS notified
+"""
+
+_CANCEL_TIMER = """
+-- timers.cancel: the pending timer of (queue, key), if any, becomes cancelled.
+UPDATE {s}.job SET state = 'cancelled', completed_at = now()
+WHERE queue = $1 AND singleton_key = $2 AND is_timer AND state IN ('created', 'retry')
+RETURNING id
+"""
+
+_LOCK_TIMER_KEY = """
+-- timers.schedule: serialise replaces of one (queue, key) for the rest of the transaction.
+SELECT pg_advisory_xact_lock(hashtextextended('{s}:timer:' || $1 || ':' || $2, 0))
+"""
+
+_SEND_TIMER = """
+-- timers.schedule: the new keyed timer, due at an instant or after a delay (database clock).
+WITH q AS (
+    SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
+    FROM {s}.queue WHERE name = $1
+), ins AS (
+    INSERT INTO {s}.job ({cols}, is_timer)
+    SELECT q.name, 'standard', $2::text::jsonb, 0, $3::text,
+           COALESCE($4::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
+           q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds, $3::text IS NOT NULL
+    FROM q
+    RETURNING id, start_after <= now() AS due
+), note AS (
+    SELECT pg_notify('{channel}', $1) FROM ins WHERE ins.due
+)
+SELECT (SELECT id FROM ins) AS id,
+       EXISTS (SELECT 1 FROM q) AS queue_found,
+       (SELECT count(*) FROM note) AS notified
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SenderStatements:
+    """The producer's statements for one schema."""
+
+    send: str
+    send_many: str
+    cancel_timer: str
+    lock_timer_key: str
+    send_timer: str
+
+
+def render(schema: str) -> SenderStatements:
+    """Render every producer statement for ``schema`` (validated and quoted)."""
+    values = {"s": quoted(schema), "channel": notify_channel(schema), "cols": _INSERT_COLUMNS}
+    return SenderStatements(
+        send=_SEND.format(**values),
+        send_many=_SEND_MANY.format(**values),
+        cancel_timer=_CANCEL_TIMER.format(**values),
+        lock_timer_key=_LOCK_TIMER_KEY.format(**values),
+        send_timer=_SEND_TIMER.format(**values),
+    )

@@ -1,0 +1,91 @@
+"""One-off timers: a job due at an instant, optionally keyed so a newer timer replaces it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from .errors import InvalidJob, QueueNotFound
+from .options import encode_data, split_start_after
+
+if TYPE_CHECKING:
+    from .sender import Sender
+
+
+class Timers:
+    """``sender.timers``: schedule and cancel one-off timers on a declared queue."""
+
+    def __init__(self, sender: Sender) -> None:
+        self._sender = sender
+
+    async def schedule(
+        self,
+        queue: str,
+        *,
+        at: datetime | None = None,
+        delay_seconds: float | None = None,
+        data: Any = None,
+        key: str | None = None,
+        connection: asyncpg.Connection | None = None,
+    ) -> int:
+        """Schedule a timer at ``at`` (or after ``delay_seconds``) and return its job id.
+
+        With ``key``, the pending timer with that key on that queue (if any) is cancelled in the
+        same transaction: however many replace one key at once, exactly one stays pending.
+        """
+        if (at is None) == (delay_seconds is None):
+            raise InvalidJob("give exactly one of at= and delay_seconds=")
+        delay, instant = split_start_after(at if at is not None else delay_seconds)
+        if key is not None and (not isinstance(key, str) or not key):
+            raise InvalidJob("key must be a non-empty string or None")
+        payload = encode_data(data)
+        if connection is not None:
+            return await self._replace(connection, queue, payload, key, instant, delay)
+        async with self._sender.pool.acquire() as conn:
+            return await self._replace(conn, queue, payload, key, instant, delay)
+
+    async def _replace(
+        self,
+        conn: asyncpg.Connection,
+        queue: str,
+        payload: str,
+        key: str | None,
+        instant: datetime | None,
+        delay: float | None,
+    ) -> int:
+        if key is None:
+            return await self._schedule_on(conn, queue, payload, None, instant, delay)
+        # A savepoint when the caller is already in a transaction: the key lock then lasts
+        # until the caller's commit, which is what makes the replace atomic.
+        async with conn.transaction():
+            return await self._schedule_on(conn, queue, payload, key, instant, delay)
+
+    async def _schedule_on(
+        self,
+        conn: asyncpg.Connection,
+        queue: str,
+        payload: str,
+        key: str | None,
+        instant: datetime | None,
+        delay: float | None,
+    ) -> int:
+        sql = self._sender.statements
+        if key is not None:
+            await conn.execute(sql.lock_timer_key, queue, key)
+            await conn.execute(sql.cancel_timer, queue, key)
+        row = await conn.fetchrow(sql.send_timer, queue, payload, key, instant, delay)
+        assert row is not None
+        if not row["queue_found"]:
+            raise QueueNotFound(queue, self._sender.schema)
+        job_id: int = row["id"]
+        return job_id
+
+    async def cancel(
+        self, queue: str, key: str, *, connection: asyncpg.Connection | None = None
+    ) -> bool:
+        """Cancel the pending timer ``key`` on ``queue``; ``False`` when none was pending."""
+        executor = connection if connection is not None else self._sender.pool
+        rows = await executor.fetch(self._sender.statements.cancel_timer, queue, key)
+        return bool(rows)

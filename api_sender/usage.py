@@ -1,0 +1,85 @@
+"""Durable usage emission and the ONE statement of how a usage event is sent.
+
+The sink (``sender.usage.emit``) and the worker's held-queue re-drive both build their sends
+from :func:`usage_send_options`, so a re-driven event travels exactly like a fresh one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+from prometheus_client import Counter
+
+from .events import UsageEvent
+from .options import SendOptions, StartAfter
+
+if TYPE_CHECKING:
+    from .sender import Sender
+
+#: The queue usage events wait in until the hub has them.
+USAGE_QUEUE = "usage-events"
+#: Its dead letter: batches whose retry budget ran out, and events the hub held for their date.
+USAGE_HELD_QUEUE = "usage-events-held"
+
+log = structlog.get_logger("api_sender.usage")
+
+EMIT_FAILURES = Counter(
+    "usage_emit_failures_total",
+    "Usage events that emit() could not enqueue (logged; the caller was not interrupted)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRetry:
+    """The usage queue's retry budget and the hold before a held event's next round."""
+
+    #: Retries before a batch is held.
+    limit: int = 10
+    #: The first retry's delay in seconds, doubled at each retry.
+    delay_seconds: int = 30
+    #: How long a held event waits before it goes back to the usage queue.
+    held_delay_seconds: int = 3600
+
+
+def usage_send_options(
+    event_id: str, retry: UsageRetry, *, start_after: StartAfter = None
+) -> SendOptions:
+    """How every usage event is sent: its id as a label, the budget, backoff on.
+
+    The dead letter is the queue's own setting (installed by the worker), never named per send,
+    so an api replica can send before any worker has installed the held queue.
+    """
+    return SendOptions(
+        singleton_key=event_id,
+        retry_limit=retry.limit,
+        retry_delay=retry.delay_seconds,
+        retry_backoff=True,
+        start_after=start_after,
+    )
+
+
+class UsageSink:
+    """``sender.usage``: emit usage events durably without ever failing the caller."""
+
+    def __init__(self, sender: Sender, *, retry: UsageRetry | None = None) -> None:
+        self._sender = sender
+        self.retry = retry or UsageRetry()
+
+    async def emit(self, event: UsageEvent) -> int | None:
+        """Enqueue ``event`` on the usage queue; on any failure log, count and return ``None``."""
+        try:
+            return await self._sender.send_with(
+                USAGE_QUEUE, event.to_job_data(), usage_send_options(event.id, self.retry)
+            )
+        except Exception as exc:
+            EMIT_FAILURES.inc()
+            log.error(
+                "usage.emit_failed",
+                event_id=event.id,
+                meter=event.meter,
+                workspace_id=event.workspace_id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return None

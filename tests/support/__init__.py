@@ -1,0 +1,1 @@
+"""Test support: real PostgreSQL databases, real processes, a real hub."""

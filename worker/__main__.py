@@ -1,0 +1,5 @@
+"""``python -m worker``."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,176 @@
+"""Boot by role: HTTP first (health answers during install), then the api or worker side."""
+
+from __future__ import annotations
+
+import anyio
+import asyncpg
+import structlog
+
+from api_sender import Sender
+
+from .db.connections import TRANSIENT_ERRORS, backoff_delay, open_pool
+from .db.embedded import start_embedded
+from .db.migrations import SchemaMismatch, latest_version
+from .declarations import JobDeclaration
+from .http.app import create_app
+from .http.server import HttpServer
+from .install import install
+from .jobs.registry import installed_jobs
+from .queue.sql import render
+from .runtime import WorkerRuntime
+from .settings import Settings
+from .signals import StopRequest, watch_signals
+from .state import ServiceState
+
+log = structlog.get_logger("worker.boot")
+
+#: How often an api process checks whether a worker has installed the schema.
+INSTALL_CHECK_SECONDS = 1.0
+
+
+async def database_url(settings: Settings) -> str:
+    """DATABASE_URL, or the embedded server's URL when it is unset."""
+    if settings.database_url is not None:
+        return settings.database_url.get_secret_value()
+    return await start_embedded(settings.embedded_data_dir)
+
+
+async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
+    """Run the daemon until a signal; return the exit code."""
+    url = await database_url(settings)
+    state = ServiceState(settings)
+    stop = StopRequest()
+    server = HttpServer(create_app(state), settings.http_host, settings.http_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_signals, stop)
+        await tg.start(server.run)
+        log.info("boot.started", role=settings.service_role, schema=settings.jobs_schema)
+        try:
+            if settings.is_worker:
+                await _run_worker(settings, url, state, tools, stop)
+            else:
+                await _run_api(settings, url, state, stop)
+        finally:
+            server.stop()
+            if state.pool is not None:
+                with anyio.move_on_after(5, shield=True):
+                    await state.pool.close()
+        tg.cancel_scope.cancel()
+    log.info("shutdown.done")
+    return 0
+
+
+async def _until_stopped(stop: StopRequest, step: float) -> bool:
+    """Sleep ``step`` seconds; ``True`` if a stop was requested meanwhile."""
+    with anyio.move_on_after(step):
+        await stop.requested.wait()
+    return stop.requested.is_set()
+
+
+async def _connect_pool(
+    settings: Settings, url: str, state: ServiceState, stop: StopRequest
+) -> asyncpg.Pool | None:
+    attempt = 0
+    while True:
+        try:
+            return await open_pool(
+                url,
+                size=settings.database_pool_size,
+                statement_cache_size=settings.database_statement_cache_size,
+            )
+        except TRANSIENT_ERRORS as exc:
+            state.set_reason("database unreachable")
+            delay = backoff_delay(attempt)
+            attempt += 1
+            log.warning(
+                "db.unreachable", error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2)
+            )
+            if await _until_stopped(stop, delay):
+                return None
+
+
+async def _run_worker(
+    settings: Settings,
+    url: str,
+    state: ServiceState,
+    tools: list[JobDeclaration],
+    stop: StopRequest,
+) -> None:
+    jobs = installed_jobs(settings, tools)
+    state.set_reason("installing")
+    attempt = 0
+    while True:
+        try:
+            await install(
+                url,
+                settings.jobs_schema,
+                jobs,
+                cron_tz=settings.cron_tz,
+                lock_timeout=settings.install_lock_timeout_seconds,
+            )
+            break
+        except TRANSIENT_ERRORS as exc:
+            state.set_reason("database unreachable")
+            delay = backoff_delay(attempt)
+            attempt += 1
+            log.warning(
+                "install.retry", error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2)
+            )
+            if await _until_stopped(stop, delay):
+                return
+    pool = await _connect_pool(settings, url, state, stop)
+    if pool is None:
+        return
+    state.pool = pool
+    sender = Sender(pool, schema=settings.jobs_schema, usage_retry=settings.usage_retry)
+    state.sender = sender
+    runtime = WorkerRuntime(settings, url, pool, sender, jobs)
+    async with anyio.create_task_group() as tg:
+        await tg.start(runtime.run)
+        state.checks.append(runtime.check)
+        state.set_reason(None)
+        log.info("worker.ready", worker_id=str(runtime.owner))
+        await stop.requested.wait()
+        state.set_reason("stopping")
+        await runtime.shutdown(settings.shutdown_grace_seconds)
+        tg.cancel_scope.cancel()
+
+
+async def _run_api(settings: Settings, url: str, state: ServiceState, stop: StopRequest) -> None:
+    pool = await _connect_pool(settings, url, state, stop)
+    if pool is None:
+        return
+    state.pool = pool
+    state.sender = Sender(pool, schema=settings.jobs_schema, usage_retry=settings.usage_retry)
+    sql = render(settings.jobs_schema)
+    expected = latest_version()
+    while not stop.requested.is_set():
+        reason = await _install_state(pool, sql.install_state, expected)
+        if reason != state.not_ready_reason:
+            if reason is None:
+                log.info("api.ready")
+            else:
+                log.info("api.not_ready", reason=reason)
+        state.set_reason(reason)
+        # Once installed, keep checking slowly: a newer worker may migrate past this code.
+        step = INSTALL_CHECK_SECONDS if reason else 30.0
+        if await _until_stopped(stop, step):
+            break
+    state.set_reason("stopping")
+
+
+async def _install_state(pool: asyncpg.Pool, query: str, expected: int) -> str | None:
+    try:
+        row = await pool.fetchrow(query)
+    except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+        return "schema not installed"
+    except TRANSIENT_ERRORS:
+        return "database unreachable"
+    assert row is not None
+    if row["version"] is None or row["installed_at"] is None or row["version"] < expected:
+        return "schema not installed"
+    if row["version"] > expected:
+        return str(
+            SchemaMismatch(f"schema version {row['version']} is newer than this code ({expected})")
+        )
+    return None

@@ -1,0 +1,104 @@
+"""The ``chassis-worker`` command line: parse, load settings, configure logs, run, exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import structlog
+
+from .logging import configure_logging
+from .settings import ConfigError, Settings, load_settings
+
+log = structlog.get_logger("worker.cli")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+
+
+class UsageError(Exception):
+    """A bad command-line argument (exit 2, one line)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="chassis-worker", description="PostgreSQL background-work daemon"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="boot the daemon")
+    run.add_argument("--role", choices=["api", "worker", "all"], help="overrides SERVICE_ROLE")
+    sub.add_parser("migrate", help="apply migrations and install queues and schedules")
+    queues = sub.add_parser("queues", help="jobs per queue and state")
+    queues.add_argument("--json", action="store_true", help="print JSON")
+    send = sub.add_parser("send", help="enqueue one job and print its id")
+    send.add_argument("queue")
+    send.add_argument("data", metavar="JSON", help="the job's data as JSON")
+    send.add_argument("--start-after", type=float, metavar="SECONDS", default=None)
+    send.add_argument("--key", default=None, help="singleton key")
+    from .commands.held import add_held_parser
+
+    add_held_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns (and exits with) the exit code."""
+    code = _main(argv)
+    sys.exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {}
+    if getattr(args, "role", None):
+        overrides["service_role"] = args.role
+    try:
+        settings = load_settings(**overrides)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        command = _command(args)
+        return anyio.run(command, settings, args, backend_options={"use_uvloop": True})
+    except (ConfigError, UsageError) as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    except Exception as exc:
+        from .db.migrations import SchemaMismatch
+
+        if isinstance(exc, SchemaMismatch):
+            log.error("boot.schema_mismatch", error=str(exc))
+            print(f"error: {exc}", file=sys.stderr)
+        else:
+            log.exception("boot.failed", error=f"{type(exc).__name__}: {exc}")
+        return EXIT_ERROR
+
+
+Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
+
+
+def _command(args: argparse.Namespace) -> Command:
+    from .commands import held, operate
+
+    commands: dict[str, Command] = {
+        "run": operate.run_command,
+        "migrate": operate.migrate_command,
+        "queues": operate.queues_command,
+        "send": operate.send_command,
+        "held": held.held_command,
+    }
+    return commands[args.command]
+
+
+def print_json(value: Any) -> None:
+    """Print ``value`` as one JSON document."""
+    print(json.dumps(value, indent=2, default=str))

@@ -1,0 +1,119 @@
+"""run, migrate, queues and send."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from api_sender import InvalidJob, QueueNotFound, Sender
+
+from ..boot import database_url, run
+from ..db.connections import connect
+from ..install import install
+from ..jobs.registry import installed_jobs
+from ..jobs.tools import load_declarations
+from ..queue.sql import render
+from ..settings import Settings
+
+STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
+
+
+class CommandError(Exception):
+    """A command-line input the command refuses (exit 2)."""
+
+
+async def run_command(settings: Settings, _: argparse.Namespace) -> int:
+    """``chassis-worker run``."""
+    tools = load_declarations(settings.tool_job_paths) if settings.is_worker else []
+    return await run(settings, tools)
+
+
+async def migrate_command(settings: Settings, _: argparse.Namespace) -> int:
+    """``chassis-worker migrate``: the worker's install section, then exit."""
+    tools = load_declarations(settings.tool_job_paths)
+    url = await database_url(settings)
+    await install(
+        url,
+        settings.jobs_schema,
+        installed_jobs(settings, tools),
+        cron_tz=settings.cron_tz,
+        lock_timeout=settings.install_lock_timeout_seconds,
+    )
+    print("migrated")
+    return 0
+
+
+async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
+    """One entry per queue: counts per state and the oldest waiting job's age."""
+    conn = await connect(url)
+    try:
+        rows = await conn.fetch(render(schema).counts)
+    finally:
+        await conn.close()
+    report = []
+    for row in rows:
+        counts = json.loads(row["counts"])
+        oldest = row["oldest_waiting_seconds"]
+        report.append(
+            {
+                "name": row["name"],
+                "counts": {state: int(counts.get(state, 0)) for state in STATES},
+                "oldest_waiting_seconds": float(oldest) if oldest is not None else None,
+                "policy": row["policy"],
+                "dead_letter": row["dead_letter"],
+                "cron": row["cron"],
+                "last_run": row["last_run"].isoformat() if row["last_run"] else None,
+            }
+        )
+    return report
+
+
+async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
+    """``chassis-worker queues [--json]``."""
+    from ..cli import print_json
+
+    report = await queue_report(await database_url(settings), settings.jobs_schema)
+    if args.json:
+        print_json({"queues": report})
+        return 0
+    header = ["queue", *STATES, "oldest_waiting_s", "cron", "last_run"]
+    lines = [header]
+    for q in report:
+        oldest = q["oldest_waiting_seconds"]
+        lines.append(
+            [
+                q["name"],
+                *(str(q["counts"][s]) for s in STATES),
+                "-" if oldest is None else f"{oldest:.1f}",
+                q["cron"] or "-",
+                q["last_run"] or "-",
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    return 0
+
+
+async def send_command(settings: Settings, args: argparse.Namespace) -> int:
+    """``chassis-worker send QUEUE JSON [--start-after S] [--key K]``."""
+    from ..cli import UsageError
+
+    try:
+        data = json.loads(args.data)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"invalid JSON argument: {exc}") from None
+    url = await database_url(settings)
+    async with Sender.connect(url, schema=settings.jobs_schema, max_size=1) as sender:
+        try:
+            job_id = await sender.send(
+                args.queue, data, start_after=args.start_after, singleton_key=args.key
+            )
+        except (InvalidJob, QueueNotFound) as exc:
+            raise UsageError(f"error: {exc}") from None
+    if job_id is None:
+        print("not sent: the queue's policy already holds a job with that key")
+        return 1
+    print(job_id)
+    return 0

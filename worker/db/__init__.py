@@ -1,0 +1,1 @@
+"""Database plumbing: the pool, dedicated connections, locks, migrations, the embedded server."""

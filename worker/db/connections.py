@@ -1,0 +1,71 @@
+"""Opening the pool and the dedicated connections (LISTEN, install lock) with backoff."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+
+from api_sender import create_pool
+
+log = structlog.get_logger("worker.db")
+
+#: Errors that mean "the database is not reachable right now", worth a retry with backoff.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+    asyncpg.ReadOnlySQLTransactionError,
+    TimeoutError,
+)
+
+
+def backoff_delay(attempt: int, *, base: float = 0.2, cap: float = 5.0) -> float:
+    """Full-jitter exponential backoff: a random delay up to ``base * 2**attempt``, capped."""
+    return random.uniform(base / 2, min(cap, base * 2 ** min(attempt, 10)))
+
+
+async def connect(url: str, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:
+    """One dedicated connection (never from the pool), for session locks and LISTEN."""
+    return await asyncpg.connect(url, timeout=timeout, **kwargs)
+
+
+async def connect_with_retry(
+    url: str, *, what: str, deadline: float | None = None, **kwargs: Any
+) -> asyncpg.Connection:
+    """Connect, retrying transient failures with jittered backoff until ``deadline`` (monotonic)."""
+    attempt = 0
+    while True:
+        try:
+            return await connect(url, **kwargs)
+        except TRANSIENT_ERRORS as exc:
+            if deadline is not None and anyio.current_time() >= deadline:
+                raise
+            delay = backoff_delay(attempt)
+            log.warning(
+                "db.connect_retry",
+                target=what,
+                attempt=attempt + 1,
+                retry_in=round(delay, 2),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            attempt += 1
+            await anyio.sleep(delay)
+
+
+async def open_pool(url: str, *, size: int, statement_cache_size: int) -> asyncpg.Pool:
+    """The shared pool: at least one connection open so a dead database fails fast at boot."""
+    return await create_pool(
+        url,
+        min_size=1,
+        max_size=size,
+        statement_cache_size=statement_cache_size,
+        timeout=10.0,
+        max_inactive_connection_lifetime=300.0,
+    )

@@ -1,0 +1,127 @@
+"""Plain-SQL migrations: applied in order, one transaction each, under a session advisory lock."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import asyncpg
+import structlog
+
+from api_sender._schema import quoted
+
+from .locks import MIGRATE, session_lock
+
+log = structlog.get_logger("worker.migrate")
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+class SchemaMismatch(Exception):
+    """The database's migrations do not match this code (newer, or a different history)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One ``migrations/NNNN_name.sql`` file."""
+
+    version: int
+    name: str
+    sql: str
+
+
+def migrations_dir() -> Path:
+    """Where the SQL files are: inside the installed package, else the source checkout."""
+    packaged = Path(str(resources.files("worker"))) / "_migrations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+def load_migrations(directory: Path | None = None) -> list[Migration]:
+    """Every migration file in version order; refuses gaps and duplicate versions."""
+    directory = directory or migrations_dir()
+    found: list[Migration] = []
+    for path in sorted(directory.iterdir()):
+        match = _FILE.match(path.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], path.read_text(encoding="utf-8")))
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise SchemaMismatch(f"migration files out of sequence at {migration.version:04d}")
+    return found
+
+
+def latest_version(migrations: list[Migration] | None = None) -> int:
+    """The version a fully migrated database is at."""
+    migrations = migrations if migrations is not None else load_migrations()
+    return migrations[-1].version if migrations else 0
+
+
+async def applied_versions(conn: asyncpg.Connection, schema: str) -> dict[int, str] | None:
+    """Versions recorded in the database, or ``None`` when the schema was never migrated."""
+    exists = await conn.fetchval(
+        "SELECT to_regclass($1) IS NOT NULL", f"{quoted(schema)}.schema_migration"
+    )
+    if not exists:
+        return None
+    rows = await conn.fetch(f"SELECT version, name FROM {quoted(schema)}.schema_migration")
+    return {row["version"]: row["name"] for row in rows}
+
+
+def check_known(applied: dict[int, str], migrations: list[Migration]) -> None:
+    """Refuse a database that has migrations this code does not know."""
+    known = {m.version: m.name for m in migrations}
+    unknown = sorted(v for v in applied if v not in known)
+    if unknown:
+        names = ", ".join(f"{v:04d}_{applied[v]}" for v in unknown)
+        raise SchemaMismatch(
+            f"the database has migration(s) {names} that this chassis-worker does not know; "
+            "run a newer release"
+        )
+    for version, name in applied.items():
+        if known[version] != name:
+            raise SchemaMismatch(
+                f"migration {version:04d} is {name!r} in the database but "
+                f"{known[version]!r} here; the histories differ"
+            )
+
+
+async def migrate(conn: asyncpg.Connection, schema: str, *, lock_timeout: float) -> list[int]:
+    """Apply pending migrations on a dedicated connection; return the versions applied.
+
+    Any number of processes may call this at once: the session lock serialises them, and each
+    re-reads what is applied after taking it.
+    """
+    migrations = load_migrations()
+    q = quoted(schema)
+    applied_now: list[int] = []
+    async with session_lock(conn, MIGRATE, schema, timeout=lock_timeout):
+        async with conn.transaction():
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {q}")
+            await conn.execute(
+                f"""CREATE TABLE IF NOT EXISTS {q}.schema_migration (
+                        version integer PRIMARY KEY,
+                        name text NOT NULL,
+                        applied_at timestamptz NOT NULL DEFAULT now())"""
+            )
+        applied = await applied_versions(conn, schema) or {}
+        check_known(applied, migrations)
+        for migration in migrations:
+            if migration.version in applied:
+                continue
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL search_path TO {q}, public")
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    f"INSERT INTO {q}.schema_migration (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
+            log.info(
+                "migrate.applied", schema=schema, version=migration.version, name=migration.name
+            )
+            applied_now.append(migration.version)
+    return applied_now

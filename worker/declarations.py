@@ -1,0 +1,91 @@
+"""What a user declares: tool jobs, their schedule and queue options, and what a handler gets."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .settings import cron_fields
+
+Policy = Literal["standard", "short", "singleton", "stately"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What a handler learns about the job it runs, besides its data."""
+
+    #: The job's id.
+    id: int
+    #: The queue it came from.
+    queue: str
+    #: The timer key or singleton key it was sent with, else ``None``.
+    key: str | None
+    #: Which claim of this job this run is (1 on the first run).
+    attempt: int = 1
+    #: Failed attempts before this one.
+    retry_count: int = 0
+
+
+#: A handler: called once per job with that job's data (``None`` for a cron run) and its info.
+Handler = Callable[[Any, JobInfo], Awaitable[object]]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A cron for a queue: 5 fields, or 6 with seconds first. ``enabled=False`` unschedules."""
+
+    cron: str
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        cron_fields(self.cron)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """A queue's policy, retry budget, expiry, retention and dead letter (pg-boss's options)."""
+
+    policy: Policy = "standard"
+    retry_limit: int = 2
+    retry_delay: int = 0
+    retry_backoff: bool = False
+    expire_seconds: int = 900
+    retention_seconds: int = 3600
+    failed_retention_seconds: int = 7 * 24 * 3600
+    dead_letter: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("standard", "short", "singleton", "stately"):
+            raise ValueError(f"unknown queue policy {self.policy!r}")
+        for name in ("retry_limit", "retry_delay", "retention_seconds", "failed_retention_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        if self.expire_seconds <= 0:
+            raise ValueError("expire_seconds must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class JobDeclaration:
+    """A tool's job: its queue, its handler and, optionally, a cron schedule.
+
+    ``batch_size`` is how many jobs one fetch claims, ``concurrency`` how many handlers of this
+    queue run at once in one process. A handler that raises fails that job only.
+    """
+
+    queue: str
+    handler: Handler
+    schedule: Schedule | None = None
+    batch_size: int = 1
+    concurrency: int = 1
+    options: QueueOptions = field(default_factory=QueueOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.queue, str) or not self.queue:
+            raise ValueError("JobDeclaration.queue must be a non-empty string")
+        if not callable(self.handler):
+            raise ValueError(f"JobDeclaration({self.queue!r}).handler must be callable")
+        if not 1 <= self.batch_size <= 1000:
+            raise ValueError(f"JobDeclaration({self.queue!r}).batch_size must be 1..1000")
+        if not 1 <= self.concurrency <= 1000:
+            raise ValueError(f"JobDeclaration({self.queue!r}).concurrency must be 1..1000")

@@ -1,0 +1,1 @@
+"""The one HTTP listener: metrics, health, readiness and (api/all) the /v1 ingest."""

@@ -1,0 +1,135 @@
+"""The listener: LISTEN/NOTIFY wakes pollers at once; a probe every poll interval is the fallback.
+
+Both run on one dedicated connection (never a pooled one: asyncpg's pool would UNLISTEN it).
+The probe is also that connection's liveness check, so an idle worker costs one read-only
+statement per poll interval and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+
+import anyio
+import asyncpg
+import structlog
+
+from api_sender._schema import notify_channel
+
+from ..db.connections import TRANSIENT_ERRORS, backoff_delay, connect
+from ..metrics import DB_RECONNECTS
+from .sql import QueueStatements
+from .waker import Waker
+
+log = structlog.get_logger("worker.listener")
+
+
+class Dispatcher:
+    """Wakes each queue's poller when its work may be due."""
+
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        sql: QueueStatements,
+        wakers: Mapping[str, Waker],
+        *,
+        poll_interval: float,
+        stale_seconds: float,
+        on_rescue_due: Callable[[], None],
+        on_prune_due: Callable[[], None],
+        min_retention_seconds: float,
+        extra_channels: Mapping[str, Callable[[str], None]] | None = None,
+    ) -> None:
+        self._url = url
+        self._channel = notify_channel(schema)
+        self._sql = sql
+        self._wakers = dict(wakers)
+        self._queues = list(self._wakers)
+        self._poll_interval = poll_interval
+        self._stale_seconds = stale_seconds
+        self._on_rescue_due = on_rescue_due
+        self._on_prune_due = on_prune_due
+        self._min_retention = min_retention_seconds
+        self._extra = dict(extra_channels or {})
+        #: True while LISTEN is established; read by /readyz.
+        self.listening = False
+        #: Set the first time LISTEN is established.
+        self.first_listen = anyio.Event()
+        self._lost = anyio.Event()
+
+    def _on_notify(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        if channel == self._channel:
+            waker = self._wakers.get(payload)
+            if waker is not None:
+                waker.wake()
+            return
+        handler = self._extra.get(channel)
+        if handler is not None:
+            handler(payload)
+
+    def _on_termination(self, _conn: object) -> None:
+        self.listening = False
+        self._lost.set()
+
+    def wake_all(self) -> None:
+        """Wake every poller (after a reconnect: notifications may have been missed)."""
+        for waker in self._wakers.values():
+            waker.wake()
+
+    async def run(self) -> None:
+        """Keep a listening connection and probe every poll interval, until cancelled."""
+        attempt = 0
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await connect(
+                    self._url, server_settings={"application_name": "chassis-worker listener"}
+                )
+                self._lost = anyio.Event()
+                conn.add_termination_listener(self._on_termination)
+                for channel in (self._channel, *self._extra):
+                    await conn.add_listener(channel, self._on_notify)
+                self.listening = True
+                self.first_listen.set()
+                if attempt:
+                    DB_RECONNECTS.labels("listener").inc()
+                    log.info("listener.reconnected", attempts=attempt)
+                attempt = 0
+                # Anything sent while we were not listening is found by polling now.
+                self.wake_all()
+                await self._probe_loop(conn)
+            except TRANSIENT_ERRORS as exc:
+                self.listening = False
+                delay = backoff_delay(attempt)
+                attempt += 1
+                log.warning(
+                    "listener.lost", error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2)
+                )
+                await anyio.sleep(delay)
+            finally:
+                self.listening = False
+                if conn is not None and not conn.is_closed():
+                    conn.terminate()
+
+    async def _probe_loop(self, conn: asyncpg.Connection) -> None:
+        while True:
+            with anyio.fail_after(max(5.0, self._poll_interval * 2)):
+                row = await conn.fetchrow(
+                    self._sql.probe, self._queues, self._stale_seconds, self._min_retention
+                )
+            assert row is not None
+            for queue in row["due"]:
+                self._wakers[queue].wake()
+            if row["rescue"]:
+                self._on_rescue_due()
+            if row["prunable"]:
+                self._on_prune_due()
+            sleep = self._poll_interval
+            next_due: timedelta | None = row["next_due_in"]
+            if next_due is not None:
+                sleep = min(sleep, max(0.0, next_due.total_seconds()) + 0.005)
+            with anyio.move_on_after(sleep):
+                await self._lost.wait()
+            if self._lost.is_set():
+                raise asyncpg.ConnectionDoesNotExistError("listener connection closed")

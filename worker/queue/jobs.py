@@ -1,0 +1,59 @@
+"""A claimed job as the consumer sees it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from ..declarations import JobInfo
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """One job this process claimed; ``(id, attempt)`` with the owner id is its fence."""
+
+    id: int
+    queue: str
+    attempt: int
+    retry_count: int
+    retry_limit: int
+    singleton_key: str | None
+    expire_seconds: int
+    priority: int
+    start_after: datetime | None
+    raw_data: str | None
+
+    @classmethod
+    def from_row(cls, queue: str, row: asyncpg.Record) -> ClaimedJob:
+        """Build from a claim statement's row."""
+        return cls(
+            id=row["id"],
+            queue=queue,
+            attempt=row["attempt"],
+            retry_count=row["retry_count"],
+            retry_limit=row["retry_limit"],
+            singleton_key=row["singleton_key"],
+            expire_seconds=row["expire_seconds"],
+            priority=row["priority"],
+            start_after=row["start_after"],
+            raw_data=row["data"],
+        )
+
+    @property
+    def data(self) -> Any:
+        """The decoded payload (``None`` for a cron run)."""
+        return None if self.raw_data is None else json.loads(self.raw_data)
+
+    def info(self) -> JobInfo:
+        """The public view a handler receives."""
+        return JobInfo(
+            id=self.id,
+            queue=self.queue,
+            key=self.singleton_key,
+            attempt=self.attempt,
+            retry_count=self.retry_count,
+        )

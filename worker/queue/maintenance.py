@@ -1,0 +1,143 @@
+"""Rescue of jobs whose worker died, expiry, and retention pruning; one replica at a time."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+
+import anyio
+import asyncpg
+import structlog
+
+from ..db.connections import TRANSIENT_ERRORS
+from ..db.locks import MAINTENANCE, try_xact_lock
+from ..metrics import JOBS_RESCUED
+from .jobs import ClaimedJob
+from .sql import QueueStatements
+from .store import JobStore
+
+log = structlog.get_logger("worker.maintenance")
+
+#: Rows per rescue and per prune statement, and prune statements per run: every statement
+#: stays short, and a backlog is worked off over successive runs.
+RESCUE_BATCH = 1000
+PRUNE_BATCH = 2000
+PRUNE_BUDGET_SECONDS = 2.0
+
+
+class Maintenance:
+    """Runs when the probe asks: at once for a rescue, at most every ``interval`` seconds for
+    pruning. An idle database triggers nothing, so an idle worker writes nothing here.
+
+    Each run takes a transaction-level try-lock first: one replica works, the others skip.
+    """
+
+    def __init__(
+        self,
+        store: JobStore,
+        sql: QueueStatements,
+        schema: str,
+        *,
+        interval: float,
+        stale_seconds: float,
+    ) -> None:
+        self._store = store
+        self._pool = store.pool
+        self._sql = sql
+        self._schema = schema
+        self._interval = interval
+        self._stale = stale_seconds
+        self._wake = anyio.Event()
+        self._prune_wanted = False
+        self._last_prune = -float("inf")
+
+    def trigger_rescue(self) -> None:
+        """A job needs rescuing: run as soon as possible."""
+        self._wake.set()
+
+    def trigger_prune(self) -> None:
+        """Finished jobs may be past retention: prune, at most once per interval."""
+        self._prune_wanted = True
+        if time.monotonic() - self._last_prune >= self._interval:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Run passes when triggered, until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            prune = self._prune_wanted and time.monotonic() - self._last_prune >= self._interval
+            try:
+                await self.run_once(prune=prune)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("maintenance.failed", error=f"{type(exc).__name__}: {exc}")
+            except Exception:
+                log.exception("maintenance.error")
+            if prune:
+                self._prune_wanted = False
+                self._last_prune = time.monotonic()
+
+    async def run_once(self, *, prune: bool = True) -> tuple[int, int]:
+        """One pass: rescue, then (optionally) prune. Returns (rescued, pruned); (0, 0) when
+        another replica holds the lock."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await try_xact_lock(conn, MAINTENANCE, self._schema):
+                return 0, 0
+            candidates = await conn.fetch(self._sql.rescue_candidates, self._stale, RESCUE_BATCH)
+        rescued = await self._rescue(candidates)
+        pruned = await self._prune() if prune else 0
+        if rescued or pruned:
+            log.info("maintenance.ran", rescued=rescued, pruned=pruned)
+        return rescued, pruned
+
+    async def _rescue(self, rows: list[asyncpg.Record]) -> int:
+        if not rows:
+            return 0
+        failures = []
+        owners = []
+        reasons: Counter[tuple[str, str]] = Counter()
+        for row in rows:
+            job = ClaimedJob(
+                id=row["id"],
+                queue=row["queue"],
+                attempt=row["attempt"],
+                retry_count=0,
+                retry_limit=0,
+                singleton_key=None,
+                expire_seconds=1,
+                priority=0,
+                start_after=None,
+                raw_data=None,
+            )
+            failures.append((job, f"rescued: {row['reason']}"))
+            owners.append(row["locked_by"] or uuid.UUID(int=0))
+        outcomes = await self._store.fail(failures, owners=owners)
+        matched = {o.id for o in outcomes}
+        for row in rows:
+            if row["id"] in matched:
+                reasons[(row["queue"], row["reason"])] += 1
+                log.warning(
+                    "job.rescued",
+                    job_id=row["id"],
+                    queue=row["queue"],
+                    attempt=row["attempt"],
+                    reason=row["reason"],
+                    worker_id=str(row["locked_by"]),
+                )
+        for (queue, reason), n in reasons.items():
+            JOBS_RESCUED.labels(queue, reason).inc(n)
+        return len(matched)
+
+    async def _prune(self) -> int:
+        min_retention = await self._pool.fetchval(self._sql.min_retention)
+        deadline = time.monotonic() + PRUNE_BUDGET_SECONDS
+        total = 0
+        while time.monotonic() < deadline:
+            status = await self._pool.execute(self._sql.prune, float(min_retention), PRUNE_BATCH)
+            deleted = int(status.split()[-1])
+            total += deleted
+            if deleted < PRUNE_BATCH:
+                break
+        await self._pool.execute(self._sql.prune_workers)
+        return total

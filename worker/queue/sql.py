@@ -1,0 +1,349 @@
+"""Named SQL statements of the consumer side, rendered once per queue schema.
+
+Each statement says what it guarantees. Every time comparison uses the database clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from api_sender._schema import notify_channel, quoted
+
+_JOB_COLUMNS = """j.id, j.data::text AS data, j.attempt, j.retry_count, j.retry_limit,
+    j.singleton_key, j.expire_seconds, j.priority, j.start_after"""
+
+CLAIM = """
+-- claim: up to $2 due jobs of queue $1 in priority, then due-time, order (index job_fetch).
+-- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
+-- that kills its worker every time still runs out of attempts; owner and attempt fence every
+-- later write.
+WITH next AS (
+    SELECT id FROM {s}.job
+    WHERE queue = $1 AND state < 'active' AND start_after <= now()
+    ORDER BY priority DESC, start_after, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {s}.job j
+SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
+FROM next WHERE j.id = next.id
+RETURNING {cols}
+"""
+
+CLAIM_ONE_PER_KEY = """
+-- claim for singleton/stately queues: as claim, but never a key that already has an active job
+-- and at most one job per key. A concurrent claim of the same key by another replica is
+-- refused by the unique index job_policy_active (the caller treats that as an empty claim).
+WITH candidates AS (
+    SELECT j.id, COALESCE(j.singleton_key, '') AS k, j.priority, j.start_after
+    FROM {s}.job j
+    WHERE j.queue = $1 AND j.state < 'active' AND j.start_after <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM {s}.job a
+          WHERE a.queue = j.queue AND a.state = 'active'
+            AND COALESCE(a.singleton_key, '') = COALESCE(j.singleton_key, ''))
+    ORDER BY j.priority DESC, j.start_after, j.id
+    LIMIT $2 * 4
+    FOR UPDATE SKIP LOCKED
+), firsts AS (
+    SELECT id FROM (
+        SELECT DISTINCT ON (k) id, priority, start_after FROM candidates
+        ORDER BY k, priority DESC, start_after, id
+    ) per_key
+    ORDER BY priority DESC, start_after, id
+    LIMIT $2
+)
+UPDATE {s}.job j
+SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
+FROM firsts WHERE j.id = firsts.id
+RETURNING {cols}
+"""
+
+COMPLETE = """
+-- complete: a batch in one statement, fenced on owner and attempt. A job rescued from this
+-- worker (or expired) no longer matches and is left alone; its id is missing from the result.
+UPDATE {s}.job j
+SET state = 'completed', completed_at = now()
+FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
+WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = $3 AND j.state = 'active'
+RETURNING j.id
+"""
+
+FAIL = """
+-- fail: failed attempts, fenced per job on owner and attempt. Below the retry limit a job waits
+-- retry_delay (times 2^retry_count with backoff) in state retry; at the limit it is failed and a
+-- copy of its data goes to its queue's dead letter (read now, so a dead letter added later still
+-- covers older jobs). Queues with newly due work are notified.
+WITH f AS (
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[])
+        AS f(id, attempt, owner, error)
+), upd AS (
+    UPDATE {s}.job j
+    SET state = CASE WHEN j.retry_count < j.retry_limit
+                     THEN 'retry'::{s}.job_state ELSE 'failed'::{s}.job_state END,
+        start_after = CASE WHEN j.retry_count < j.retry_limit
+            THEN now() + make_interval(secs => j.retry_delay
+                 * CASE WHEN j.retry_backoff THEN power(2, LEAST(j.retry_count, 24)) ELSE 1 END)
+            ELSE j.start_after END,
+        completed_at = CASE WHEN j.retry_count < j.retry_limit THEN NULL ELSE now() END,
+        retry_count = j.retry_count + 1,
+        output = jsonb_build_object('error', f.error, 'attempt', f.attempt)
+    FROM f
+    WHERE j.id = f.id AND j.attempt = f.attempt AND j.locked_by = f.owner AND j.state = 'active'
+    RETURNING j.id, j.queue, j.state, j.data, j.priority, j.start_after
+), dead AS (
+    INSERT INTO {s}.job (queue, policy, data, priority, retry_limit, retry_delay, retry_backoff,
+                         expire_seconds)
+    SELECT d.name, d.policy, u.data, u.priority, d.retry_limit, d.retry_delay, d.retry_backoff,
+           d.expire_seconds
+    FROM upd u
+    JOIN {s}.queue q ON q.name = u.queue
+    JOIN {s}.queue d ON d.name = q.dead_letter
+    WHERE u.state = 'failed'
+    ORDER BY u.id
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue
+), note AS (
+    SELECT pg_notify('{channel}', x.queue) FROM (
+        SELECT queue FROM upd WHERE state = 'retry' AND start_after <= now()
+        UNION SELECT queue FROM dead
+    ) x
+)
+SELECT u.id, u.state::text AS state, u.queue,
+       (SELECT count(*) FROM note) AS notified,
+       (SELECT count(*) FROM dead) AS dead_lettered
+FROM upd u
+"""
+
+HAND_BACK = """
+-- hand back: jobs this worker claimed but will not run (shutdown, grace exceeded) are due again
+-- at once, in state retry so no queue policy can refuse them, without counting a failure.
+WITH back AS (
+    UPDATE {s}.job j
+    SET state = 'retry', start_after = now(), started_at = NULL, locked_by = NULL
+    FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
+    WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = $3 AND j.state = 'active'
+    RETURNING j.id, j.queue
+), note AS (
+    SELECT pg_notify('{channel}', queue) FROM (SELECT DISTINCT queue FROM back) x
+)
+SELECT id FROM back, (SELECT count(*) FROM note) n
+"""
+
+HEARTBEAT = """
+-- heartbeat: this process is alive. An upsert, so a worker row pruned while idle comes back.
+INSERT INTO {s}.worker (id, host, pid) VALUES ($1, $2, $3)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+"""
+
+FORGET_WORKER = """
+-- forget: a worker that stops cleanly removes its row.
+DELETE FROM {s}.worker WHERE id = $1
+"""
+
+PROBE = """
+-- probe: the idle path, one read-only statement per poll interval for the whole process. Which
+-- of queues $1 have due work (index job_due), when the next future job is due, and whether any
+-- active job needs a rescue (its worker silent for $2 seconds, or past its expiry), and whether
+-- a finished job is older than $3 seconds, the shortest retention (index job_finished).
+SELECT
+    ARRAY(
+        SELECT q FROM unnest($1::text[]) AS q
+        WHERE EXISTS (
+            SELECT 1 FROM {s}.job j
+            WHERE j.queue = q AND j.state < 'active' AND j.start_after <= now())
+    ) AS due,
+    (SELECT min(n.at) FROM unnest($1::text[]) AS q, LATERAL (
+        SELECT j.start_after AS at FROM {s}.job j
+        WHERE j.queue = q AND j.state < 'active' AND j.start_after > now()
+        ORDER BY j.start_after LIMIT 1) n
+    ) - now() AS next_due_in,
+    EXISTS (
+        SELECT 1 FROM {s}.job j
+        WHERE j.state = 'active'
+          AND (j.started_at < now() - make_interval(secs => j.expire_seconds)
+               OR (j.started_at < now() - make_interval(secs => $2)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM {s}.worker w
+                       WHERE w.id = j.locked_by
+                         AND w.heartbeat_at >= now() - make_interval(secs => $2))))
+    ) AS rescue,
+    EXISTS (
+        SELECT 1 FROM {s}.job j
+        WHERE j.state > 'active' AND j.completed_at < now() - make_interval(secs => $3)
+    ) AS prunable
+"""
+
+RESCUE_CANDIDATES = """
+-- rescue: active jobs whose worker has been silent for $1 seconds (dead, frozen or gone), and
+-- active jobs past their expiry. The caller fails each as an attempt, fenced on owner and
+-- attempt, so a worker that completes one meanwhile wins.
+SELECT j.id, j.attempt, j.locked_by,
+       CASE WHEN j.started_at < now() - make_interval(secs => j.expire_seconds)
+            THEN 'expired' ELSE 'worker lost' END AS reason,
+       j.queue
+FROM {s}.job j
+WHERE j.state = 'active'
+  AND (j.started_at < now() - make_interval(secs => j.expire_seconds)
+       OR (j.started_at < now() - make_interval(secs => $1)
+           AND NOT EXISTS (
+               SELECT 1 FROM {s}.worker w
+               WHERE w.id = j.locked_by
+                 AND w.heartbeat_at >= now() - make_interval(secs => $1))))
+ORDER BY j.id
+LIMIT $2
+"""
+
+PRUNE = """
+-- prune: finished jobs past their queue's retention (failed ones past failed retention), oldest
+-- first through index job_finished, at most $2 rows per statement so no statement runs long.
+-- $1 is the smallest retention of any queue, the index range bound.
+DELETE FROM {s}.job WHERE id IN (
+    SELECT j.id FROM {s}.job j
+    LEFT JOIN {s}.queue q ON q.name = j.queue
+    WHERE j.state > 'active'
+      AND j.completed_at < now() - make_interval(secs => $1)
+      AND j.completed_at < now() - make_interval(secs => CASE
+            WHEN j.state = 'failed' THEN COALESCE(q.failed_retention_seconds, 604800)
+            ELSE COALESCE(q.retention_seconds, 3600) END)
+    ORDER BY j.completed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+PRUNE_WORKERS = """
+-- prune workers: rows silent for a day that hold nothing.
+DELETE FROM {s}.worker w
+WHERE w.heartbeat_at < now() - interval '1 day'
+  AND NOT EXISTS (SELECT 1 FROM {s}.job j WHERE j.state = 'active' AND j.locked_by = w.id)
+"""
+
+MIN_RETENTION = """
+SELECT LEAST(COALESCE(min(retention_seconds), 3600), COALESCE(min(failed_retention_seconds),
+       604800)) FROM {s}.queue
+"""
+
+UPSERT_QUEUE = """
+-- install: create or update a queue; no write at all when nothing changed (boots stay cheap).
+INSERT INTO {s}.queue AS q (name, policy, retry_limit, retry_delay, retry_backoff,
+                           expire_seconds, retention_seconds, failed_retention_seconds,
+                           dead_letter)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (name) DO UPDATE
+SET policy = EXCLUDED.policy, retry_limit = EXCLUDED.retry_limit,
+    retry_delay = EXCLUDED.retry_delay, retry_backoff = EXCLUDED.retry_backoff,
+    expire_seconds = EXCLUDED.expire_seconds, retention_seconds = EXCLUDED.retention_seconds,
+    failed_retention_seconds = EXCLUDED.failed_retention_seconds,
+    dead_letter = EXCLUDED.dead_letter, updated_at = now()
+WHERE (q.policy, q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds,
+       q.retention_seconds, q.failed_retention_seconds, q.dead_letter)
+      IS DISTINCT FROM
+      (EXCLUDED.policy, EXCLUDED.retry_limit, EXCLUDED.retry_delay, EXCLUDED.retry_backoff,
+       EXCLUDED.expire_seconds, EXCLUDED.retention_seconds, EXCLUDED.failed_retention_seconds,
+       EXCLUDED.dead_letter)
+"""
+
+QUEUE_EXISTS = "SELECT EXISTS (SELECT 1 FROM {s}.queue WHERE name = $1)"
+
+UPSERT_SCHEDULE = """
+-- install: set a queue's cron. A new schedule starts at now(), so it fires at its next tick,
+-- not at once; a changed cron keeps its last slot.
+INSERT INTO {s}.schedule AS s (queue, cron, tz, data) VALUES ($1, $2, $3, $4::text::jsonb)
+ON CONFLICT (queue) DO UPDATE
+SET cron = EXCLUDED.cron, tz = EXCLUDED.tz, data = EXCLUDED.data, updated_at = now()
+WHERE (s.cron, s.tz, s.data) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.tz, EXCLUDED.data)
+RETURNING queue
+"""
+
+DELETE_SCHEDULE = "DELETE FROM {s}.schedule WHERE queue = $1 RETURNING queue"
+
+LOAD_SCHEDULES = """
+SELECT queue, cron, tz, data::text AS data, last_slot, now() AS db_now FROM {s}.schedule
+WHERE queue = ANY($1::text[])
+"""
+
+FIRE_SCHEDULE = """
+-- cron tick: enqueue slot $2 of queue $1 if and only if this call moves last_slot forward. The
+-- UPDATE is a compare-and-set on the schedule row: however many replicas try the same slot,
+-- exactly one moves it and inserts the job; a slot older than last_slot never fires.
+WITH moved AS (
+    UPDATE {s}.schedule SET last_slot = $2, last_run = now()
+    WHERE queue = $1 AND cron = $3 AND last_slot < $2 AND $2 <= now()
+    RETURNING queue, data
+), ins AS (
+    INSERT INTO {s}.job (queue, policy, data, singleton_key, retry_limit, retry_delay,
+                         retry_backoff, expire_seconds)
+    SELECT q.name, q.policy, m.data, 'cron:' || to_char($2 AT TIME ZONE 'UTC',
+           'YYYY-MM-DD"T"HH24:MI:SS"Z"'), q.retry_limit, q.retry_delay, q.retry_backoff,
+           q.expire_seconds
+    FROM moved m JOIN {s}.queue q ON q.name = m.queue
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue
+), note AS (
+    SELECT pg_notify('{channel}', queue) FROM ins
+)
+SELECT (SELECT id FROM ins) AS id, EXISTS (SELECT 1 FROM moved) AS moved,
+       (SELECT count(*) FROM note) AS notified
+"""
+
+DB_NOW = "SELECT now()"
+
+COUNTS = """
+-- queues: jobs per queue and state, and the age of the oldest job waiting to run (due now).
+SELECT q.name,
+       COALESCE((SELECT jsonb_object_agg(state, n) FROM (
+           SELECT j.state::text AS state, count(*) AS n FROM {s}.job j
+           WHERE j.queue = q.name GROUP BY j.state) c), '{{}}'::jsonb)::text AS counts,
+       (SELECT extract(epoch FROM now() - min(j.start_after)) FROM {s}.job j
+        WHERE j.queue = q.name AND j.state < 'active' AND j.start_after <= now())
+           AS oldest_waiting_seconds,
+       q.policy, q.dead_letter, s.cron, s.last_run
+FROM {s}.queue q LEFT JOIN {s}.schedule s ON s.queue = q.name
+ORDER BY q.name
+"""
+
+INSTALL_DONE = """
+INSERT INTO {s}.install (id, completed_at, version) VALUES (1, now(), $1)
+ON CONFLICT (id) DO UPDATE SET completed_at = now(), version = EXCLUDED.version
+"""
+
+INSTALL_STATE = """
+SELECT (SELECT max(version) FROM {s}.schema_migration) AS version,
+       (SELECT completed_at FROM {s}.install WHERE id = 1) AS installed_at
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatements:
+    """The consumer's statements for one schema (attribute names match the constants above)."""
+
+    claim: str
+    claim_one_per_key: str
+    complete: str
+    fail: str
+    hand_back: str
+    heartbeat: str
+    forget_worker: str
+    probe: str
+    rescue_candidates: str
+    prune: str
+    prune_workers: str
+    min_retention: str
+    upsert_queue: str
+    queue_exists: str
+    upsert_schedule: str
+    delete_schedule: str
+    load_schedules: str
+    fire_schedule: str
+    db_now: str
+    counts: str
+    install_done: str
+    install_state: str
+
+
+def render(schema: str) -> QueueStatements:
+    """Render every consumer statement for ``schema`` (validated and quoted)."""
+    values = {"s": quoted(schema), "channel": notify_channel(schema), "cols": _JOB_COLUMNS}
+    rendered = {f.name: globals()[f.name.upper()].format(**values) for f in fields(QueueStatements)}
+    return QueueStatements(**rendered)

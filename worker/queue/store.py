@@ -1,0 +1,78 @@
+"""Claim, complete, fail and hand back jobs: the fenced writes of the consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+import asyncpg
+
+from .jobs import ClaimedJob
+from .sql import QueueStatements
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """What a failed attempt became."""
+
+    id: int
+    queue: str
+    state: str  # 'retry' or 'failed'
+
+
+class JobStore:
+    """The consumer's statements bound to a pool and this process's owner id."""
+
+    def __init__(self, pool: asyncpg.Pool, sql: QueueStatements, owner: UUID) -> None:
+        self.pool = pool
+        self.sql = sql
+        self.owner = owner
+
+    async def claim(self, queue: str, limit: int, *, one_per_key: bool = False) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs of ``queue``, in priority then due-time order."""
+        statement = self.sql.claim_one_per_key if one_per_key else self.sql.claim
+        try:
+            rows = await self.pool.fetch(statement, queue, limit, self.owner)
+        except asyncpg.UniqueViolationError:
+            # Another replica claimed a job of the same key at the same instant: the policy
+            # index refused ours. Nothing was claimed; the next round sees the active job.
+            return []
+        jobs = [ClaimedJob.from_row(queue, row) for row in rows]
+        jobs.sort(key=lambda job: (-job.priority, job.id))
+        return jobs
+
+    async def complete(self, jobs: Sequence[ClaimedJob]) -> set[int]:
+        """Complete ``jobs``; return the ids that still matched their claim (the others were
+        rescued or expired meanwhile and are left as they are)."""
+        if not jobs:
+            return set()
+        rows = await self.pool.fetch(
+            self.sql.complete, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
+        )
+        return {row["id"] for row in rows}
+
+    async def fail(
+        self, failures: Sequence[tuple[ClaimedJob, str]], *, owners: Sequence[UUID] | None = None
+    ) -> list[FailOutcome]:
+        """Record failed attempts (retry, or failed plus dead-letter copy); return what matched."""
+        if not failures:
+            return []
+        owner_list = list(owners) if owners is not None else [self.owner] * len(failures)
+        rows = await self.pool.fetch(
+            self.sql.fail,
+            [job.id for job, _ in failures],
+            [job.attempt for job, _ in failures],
+            owner_list,
+            [error[:2000] for _, error in failures],
+        )
+        return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
+
+    async def hand_back(self, jobs: Sequence[ClaimedJob]) -> set[int]:
+        """Return claimed jobs to the queue, due at once, without counting a failure."""
+        if not jobs:
+            return set()
+        rows = await self.pool.fetch(
+            self.sql.hand_back, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
+        )
+        return {row["id"] for row in rows}

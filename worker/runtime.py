@@ -1,0 +1,151 @@
+"""The worker's background components under one task group, and their graceful stop."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import asyncpg
+import structlog
+from anyio.abc import TaskStatus
+
+from api_sender import Sender
+
+from .db.bounded import HandlerPool
+from .install import schedules_channel
+from .jobs.spec import InstalledJob, JobContext
+from .queue.completer import Completer
+from .queue.cron import CronScheduler
+from .queue.dispatcher import Dispatcher
+from .queue.heartbeat import Heartbeat
+from .queue.holdings import Holdings
+from .queue.maintenance import Maintenance
+from .queue.poller import Poller
+from .queue.sql import render
+from .queue.store import JobStore
+from .settings import Settings
+
+log = structlog.get_logger("worker.runtime")
+
+#: Pool connections kept free of handlers for the claim, completion and heartbeat statements.
+RESERVED_CONNECTIONS = 2
+
+
+class WorkerRuntime:
+    """Pollers, the listener, the completer, heartbeat, maintenance and cron of one process.
+
+    If any component dies, the task group fails and the process exits non-zero rather than
+    fetching on without, say, its heartbeat.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        url: str,
+        pool: asyncpg.Pool,
+        sender: Sender,
+        jobs: list[InstalledJob],
+    ) -> None:
+        schema = settings.jobs_schema
+        self.owner = uuid.uuid4()
+        sql = render(schema)
+        self.store = JobStore(pool, sql, self.owner)
+        self.holdings = Holdings()
+        self.completer = Completer(self.store, self.holdings)
+        handler_pool = HandlerPool(pool, settings.database_pool_size - RESERVED_CONNECTIONS)
+        context = JobContext(settings=settings, pool=handler_pool, sender=sender)
+        self.pollers = [
+            Poller(job.make_consumer(context), self.store, self.completer, self.holdings)
+            for job in jobs
+        ]
+        width = sum(p.consumer.concurrency for p in self.pollers)
+        if width > handler_pool.limit:
+            log.warning(
+                "pool.narrower_than_concurrency",
+                handlers=width,
+                handler_connections=handler_pool.limit,
+                hint="handlers that use the database wait for a connection; raise "
+                "DATABASE_POOL_SIZE to run them all at once",
+            )
+        self.maintenance = Maintenance(
+            self.store,
+            sql,
+            schema,
+            interval=settings.maintenance_interval_seconds,
+            stale_seconds=settings.worker_stale_seconds,
+        )
+        self.cron = CronScheduler(pool, sql, [job.queue for job in jobs])
+        min_retention = (
+            min(
+                min(job.options.retention_seconds, job.options.failed_retention_seconds)
+                for job in jobs
+            )
+            if jobs
+            else 3600
+        )
+        self.dispatcher = Dispatcher(
+            url,
+            schema,
+            sql,
+            {p.queue: p.waker for p in self.pollers},
+            poll_interval=settings.poll_interval_seconds,
+            stale_seconds=settings.worker_stale_seconds,
+            on_rescue_due=self.maintenance.trigger_rescue,
+            on_prune_due=self.maintenance.trigger_prune,
+            min_retention_seconds=float(min_retention),
+            extra_channels={schedules_channel(schema): self.cron.schedules_changed},
+        )
+        self.heartbeat = Heartbeat(
+            pool, sql, self.owner, self.holdings, interval=settings.heartbeat_seconds
+        )
+        self._background = anyio.CancelScope()
+        self._pollers_done = anyio.Event()
+
+    def check(self) -> str | None:
+        """Readiness: the listener must be connected."""
+        return None if self.dispatcher.listening else "listener not connected"
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start every component; report started once the listener is up; run until stopped."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._run_background)
+            with anyio.fail_after(30):
+                await self.dispatcher.first_listen.wait()
+            log.info(
+                "worker.started", worker_id=str(self.owner), queues=[p.queue for p in self.pollers]
+            )
+            task_status.started()
+            async with anyio.create_task_group() as pollers:
+                for poller in self.pollers:
+                    pollers.start_soon(poller.run)
+            self._pollers_done.set()
+
+    async def _run_background(self) -> None:
+        with self._background:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.completer.run)
+                tg.start_soon(self.dispatcher.run)
+                tg.start_soon(self.heartbeat.run)
+                tg.start_soon(self.maintenance.run)
+                tg.start_soon(self.cron.run)
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop claiming, let handlers finish within ``grace``, hand the rest back, flush."""
+        for poller in self.pollers:
+            poller.stop()
+        with anyio.move_on_after(grace) as waited:
+            await self._pollers_done.wait()
+        if waited.cancelled_caught:
+            log.warning(
+                "shutdown.grace_exceeded",
+                grace_seconds=grace,
+                hint="running handlers are interrupted and their jobs handed back",
+            )
+            for poller in self.pollers:
+                poller.cancel_running()
+            with anyio.move_on_after(5):
+                await self._pollers_done.wait()
+        with anyio.move_on_after(10):
+            await self.completer.drain()
+            await self.heartbeat.forget()
+        self._background.cancel()

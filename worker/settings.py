@@ -1,0 +1,185 @@
+"""The daemon's configuration: one pydantic-settings class, validated once at start."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from api_sender import UsageRetry
+from api_sender._schema import check_schema_name
+
+Role = Literal["api", "worker", "all"]
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message names the variable and what is wrong (exit 2)."""
+
+
+def cron_fields(expression: str) -> int:
+    """Validate a 5-field (minute first) or 6-field (seconds first) cron; return its field count."""
+    fields = expression.split()
+    if len(fields) not in (5, 6):
+        raise ValueError(f"cron {expression!r} must have 5 fields, or 6 with seconds first")
+    if not croniter.is_valid(expression, second_at_beginning=len(fields) == 6):
+        raise ValueError(f"cron {expression!r} is not a valid cron expression")
+    return len(fields)
+
+
+class Settings(BaseSettings):
+    """Every environment variable the daemon reads (a ``.env`` file is read too)."""
+
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", case_sensitive=False
+    )
+
+    database_url: SecretStr | None = Field(
+        None, description="PostgreSQL URL; unset starts the embedded server under ./.data/postgres"
+    )
+    service_role: Role = Field("all", description="api, worker or all")
+    http_host: str = Field("127.0.0.1", description="HTTP listen address")
+    http_port: int = Field(8080, ge=0, le=65535, description="HTTP listen port (0 picks one)")
+    ingest_token: SecretStr | None = Field(None, description="bearer token for /v1/*")
+    jobs_schema: str = Field("jobs", description="schema holding the queue tables")
+    audit_retention_days: int = Field(0, ge=0, description="0 keeps audit rows forever")
+    orphan_user_retention_hours: int = Field(0, ge=0, description="0 disables the orphan purge")
+    superadmin_emails: str = Field("", description="comma-separated emails never orphan-purged")
+    purge_cron: str = Field("0 3 * * *", description="when the nightly purges fire")
+    cron_tz: str = Field("UTC", description="time zone of every cron")
+    usage_downstream: Literal["noop", "log", "http"] = Field("log", description="usage sink")
+    hub_url: str | None = Field(None, description="billing hub URL (USAGE_DOWNSTREAM=http)")
+    hub_client_id: str | None = Field(None, description="hub Basic-auth user")
+    hub_client_secret: SecretStr | None = Field(None, description="hub Basic-auth secret")
+    hub_timeout_seconds: float = Field(10.0, gt=0, description="timeout of one hub request")
+    usage_batch_size: int = Field(50, ge=1, le=1000, description="events per downstream batch")
+    usage_retry_limit: int = Field(10, ge=0, description="retries before a batch is held")
+    usage_retry_delay_seconds: int = Field(30, ge=0, description="first retry delay (doubles)")
+    usage_held_delay_seconds: int = Field(3600, ge=0, description="wait before a held re-drive")
+    tool_jobs: str = Field("", description="comma-separated module:attribute declaration lists")
+    poll_interval_seconds: float = Field(2.0, gt=0, description="fallback poll interval")
+    shutdown_grace_seconds: float = Field(30.0, ge=0, description="drain time on SIGTERM")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+    log_format: Literal["json", "console"] | None = Field(
+        None, description="json when stdout is not a TTY, else console"
+    )
+    # Beyond the contract: tuning an operator may need.
+    database_pool_size: int = Field(10, ge=2, le=200, description="connections in the pool")
+    database_statement_cache_size: int = Field(
+        100, ge=0, description="asyncpg prepared-statement cache; 0 behind PgBouncer"
+    )
+    heartbeat_seconds: float = Field(5.0, gt=0, description="worker beat while holding jobs")
+    worker_stale_seconds: float = Field(
+        30.0, gt=0, description="a worker silent this long is dead; its jobs are rescued"
+    )
+    maintenance_interval_seconds: float = Field(
+        30.0, gt=0, description="how often retention pruning may run"
+    )
+    install_lock_timeout_seconds: float = Field(
+        300.0, gt=0, description="how long an install waits for another replica's install"
+    )
+    embedded_data_dir: str = Field("./.data/postgres", description="embedded PostgreSQL data")
+
+    @field_validator("jobs_schema")
+    @classmethod
+    def _schema_name(cls, value: str) -> str:
+        return check_schema_name(value)
+
+    @field_validator("service_role", "usage_downstream", "log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("purge_cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        cron_fields(value)
+        return value.strip()
+
+    @field_validator("cron_tz")
+    @classmethod
+    def _tz(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @field_validator("tool_jobs")
+    @classmethod
+    def _tool_paths(cls, value: str) -> str:
+        for path in _split(value):
+            module, _, attribute = path.partition(":")
+            if not module or not attribute:
+                raise ValueError(f"{path!r} is not of the form module:attribute")
+        return value
+
+    @model_validator(mode="after")
+    def _hub_when_http(self) -> Settings:
+        if self.usage_downstream == "http":
+            for name in ("hub_url", "hub_client_id", "hub_client_secret"):
+                if not getattr(self, name):
+                    raise ValueError(f"{name.upper()} is required when USAGE_DOWNSTREAM=http")
+            assert self.hub_url is not None
+            if not self.hub_url.startswith(("http://", "https://")):
+                raise ValueError("HUB_URL must be an http:// or https:// URL")
+        if self.worker_stale_seconds <= self.heartbeat_seconds:
+            raise ValueError("WORKER_STALE_SECONDS must exceed HEARTBEAT_SECONDS")
+        return self
+
+    @property
+    def is_worker(self) -> bool:
+        """Whether this role installs and runs pollers."""
+        return self.service_role in ("worker", "all")
+
+    @property
+    def serves_ingest(self) -> bool:
+        """Whether this role answers /v1/*."""
+        return self.service_role in ("api", "all")
+
+    @property
+    def tool_job_paths(self) -> list[str]:
+        """The ``TOOL_JOBS`` entries in order."""
+        return _split(self.tool_jobs)
+
+    @property
+    def superadmins(self) -> frozenset[str]:
+        """``SUPERADMIN_EMAILS`` trimmed and lower-cased."""
+        return frozenset(e.lower() for e in _split(self.superadmin_emails))
+
+    @property
+    def usage_retry(self) -> UsageRetry:
+        """The usage queue's retry budget and hold."""
+        return UsageRetry(
+            limit=self.usage_retry_limit,
+            delay_seconds=self.usage_retry_delay_seconds,
+            held_delay_seconds=self.usage_held_delay_seconds,
+        )
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings; raise :class:`ConfigError` with a one-line message."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc)) from None
+
+
+def describe(exc: ValidationError) -> str:
+    """One line naming the first invalid variable and what is wrong with it."""
+    error = exc.errors()[0]
+    location = ".".join(str(part) for part in error["loc"]).upper()
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if location:
+        shown = error.get("input")
+        got = f" (got {shown!r})" if isinstance(shown, str | int | float) and location != "" else ""
+        if "SECRET" in location or "TOKEN" in location or "DATABASE_URL" in location:
+            got = ""
+        return f"invalid configuration: {location}: {message}{got}"
+    return f"invalid configuration: {message}"
