@@ -1,0 +1,182 @@
+"""Running the real ``chassis-worker`` CLI in subprocesses, as an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Short timings so faults play out in seconds (RELIABILITY.md: heartbeat 1 s, stale 5 s, ...).
+FAST_TIMINGS = {
+    "POLL_INTERVAL_SECONDS": "0.5",
+    "HEARTBEAT_SECONDS": "1",
+    "WORKER_STALE_SECONDS": "5",
+    "MAINTENANCE_INTERVAL_SECONDS": "2",
+    "SHUTDOWN_GRACE_SECONDS": "5",
+    "DATABASE_POOL_SIZE": "4",
+    "LOG_FORMAT": "json",
+    "LOG_LEVEL": "info",
+}
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(database_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a daemon process under test (no inherited DATABASE_URL)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "SERVICE_"))}
+    env.update(FAST_TIMINGS)
+    env["DATABASE_URL"] = database_url
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Daemon:
+    """One ``chassis-worker run`` process with its log file and HTTP port."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    env: dict[str, str] = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.process.pid
+
+    def url(self, path: str) -> str:
+        """An URL on this process's HTTP listener."""
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path: str, timeout: float = 2.0) -> tuple[int, Any]:
+        """GET ``path``; (status, decoded JSON or text). Status 0 when nothing answers."""
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=timeout) as response:
+                body = response.read().decode()
+                return response.status, _decode(body)
+        except urllib.error.HTTPError as exc:
+            return exc.code, _decode(exc.read().decode())
+        except (urllib.error.URLError, OSError):
+            return 0, None
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until /readyz answers 200; fail with the log if the process dies or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited {self.process.returncode}:\n{self.logs()}")
+            status, _ = self.get("/readyz", timeout=1.0)
+            if status == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"daemon not ready after {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        """Everything the process wrote so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON log lines written so far."""
+        out = []
+        for line in self.logs().splitlines():
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                out.append(value)
+        return out
+
+    def signal(self, signum: signal.Signals) -> None:
+        """Send ``signum`` to the process."""
+        self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """Wait for exit and return the exit code."""
+        return self.process.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return int(self.process.returncode)
+
+
+def start_daemon(
+    database_url: str,
+    log_dir: Path,
+    *,
+    role: str = "worker",
+    env: Mapping[str, str] | None = None,
+    name: str = "daemon",
+) -> Daemon:
+    """Start ``python -m worker run`` with fast timings; returns at once (see ``wait_ready``)."""
+    port = free_port()
+    full_env = base_env(database_url, SERVICE_ROLE=role, HTTP_PORT=str(port), **dict(env or {}))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}-{port}.log"
+    handle = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker", "run"],
+        env=full_env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        cwd=log_dir,
+    )
+    handle.close()
+    return Daemon(process, port, log_path, full_env)
+
+
+def run_cli(
+    database_url: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m worker ARGS`` to completion and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        env=base_env(database_url, **dict(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def _decode(body: str) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body
