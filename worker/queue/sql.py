@@ -208,7 +208,7 @@ DELETE FROM {s}.job WHERE id IN (
             ELSE COALESCE(q.retention_seconds, 3600) END)
     ORDER BY j.completed_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 )
 """
 
