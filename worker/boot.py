@@ -164,6 +164,8 @@ async def _install_state(pool: asyncpg.Pool, query: str, expected: int) -> str |
         row = await pool.fetchrow(query)
     except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
         return "schema not installed"
+    except asyncpg.InsufficientPrivilegeError:
+        return "permission denied on the queue schema (see config/roles.sql)"
     except TRANSIENT_ERRORS:
         return "database unreachable"
     assert row is not None

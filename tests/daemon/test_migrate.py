@@ -1,0 +1,76 @@
+"""Migrations and the install: idempotent, refusing unknown history, safe to race."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import asyncpg
+import pytest
+
+from tests.support.processes import base_env
+from worker.db.migrations import SchemaMismatch, latest_version, migrate
+
+
+async def test_migrate_twice_is_a_no_op(empty_db_url: str) -> None:
+    """A second migrate applies nothing."""
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        first = await migrate(conn, "jobs", lock_timeout=10)
+        assert first == list(range(1, latest_version() + 1))
+        assert await migrate(conn, "jobs", lock_timeout=10) == []
+    finally:
+        await conn.close()
+
+
+async def test_database_with_unknown_migration_is_refused(db_url: str) -> None:
+    """A database migrated by newer code is refused with a message naming the migration."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "INSERT INTO jobs.schema_migration (version, name) VALUES (9999, 'from_the_future')"
+        )
+        with pytest.raises(SchemaMismatch, match="9999_from_the_future"):
+            await migrate(conn, "jobs", lock_timeout=10)
+    finally:
+        await conn.close()
+
+
+async def test_schema_name_is_configurable(empty_db_url: str) -> None:
+    """JOBS_SCHEMA places the queue tables in another schema."""
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        await migrate(conn, "other_jobs", lock_timeout=10)
+        assert await conn.fetchval("SELECT to_regclass('other_jobs.job') IS NOT NULL")
+        assert await conn.fetchval("SELECT to_regclass('jobs.job') IS NULL")
+    finally:
+        await conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_five_processes_racing_migrate_all_exit_zero(empty_db_url: str, tmp_path) -> None:
+    """Five `chassis-worker migrate` at once on a fresh database: all exit 0, installed once."""
+    env = base_env(empty_db_url)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "worker", "migrate"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(5)
+    ]
+    outputs = await asyncio.gather(*(asyncio.to_thread(p.communicate, timeout=120) for p in procs))
+    codes = [p.returncode for p in procs]
+    assert codes == [0] * 5, [o[0].decode()[-2000:] for o in outputs]
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        versions = await conn.fetch("SELECT version FROM jobs.schema_migration ORDER BY version")
+        assert [r["version"] for r in versions] == list(range(1, latest_version() + 1))
+        assert await conn.fetchval("SELECT count(*) FROM jobs.queue") == 6
+        assert await conn.fetchval("SELECT completed_at IS NOT NULL FROM jobs.install")
+    finally:
+        await conn.close()
