@@ -32,8 +32,8 @@ class Completer:
         self._failed: list[tuple[ClaimedJob, str]] = []
         self._back: list[ClaimedJob] = []
         self._pending = anyio.Event()
-        self._idle = anyio.Event()
-        self._idle.set()
+        # Held while a flush runs, so a drain at shutdown waits for the one in progress.
+        self._lock = anyio.Lock()
 
     def succeeded(self, job: ClaimedJob) -> None:
         """Record that ``job``'s handler returned."""
@@ -56,7 +56,6 @@ class Completer:
         self._signal()
 
     def _signal(self) -> None:
-        self._idle = anyio.Event() if self._idle.is_set() else self._idle
         self._pending.set()
 
     @property
@@ -69,12 +68,14 @@ class Completer:
         while True:
             await self._pending.wait()
             self._pending = anyio.Event()
-            await self.flush()
+            async with self._lock:
+                await self.flush()
 
     async def drain(self) -> None:
-        """Write everything buffered now (used at shutdown)."""
-        while self.has_pending:
-            await self.flush()
+        """Write everything buffered, after any flush in progress (used at shutdown)."""
+        async with self._lock:
+            while self.has_pending:
+                await self.flush()
 
     async def flush(self) -> None:
         """Write the buffered outcomes, retrying transient database errors with backoff."""
@@ -121,8 +122,6 @@ class Completer:
                     )
                     break
                 await anyio.sleep(backoff_delay(hard_failures))
-        if not self.has_pending:
-            self._idle.set()
 
     def _settle_completed(self, jobs: list[ClaimedJob], matched: set[int]) -> None:
         per_queue: Counter[str] = Counter()

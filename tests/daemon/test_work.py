@@ -1,0 +1,173 @@
+"""Work across real processes: exactly-once under no faults, rescue after SIGKILL, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import asyncpg
+import pytest
+
+from api_sender import Sender
+from tests.support.ledger import create_ledger, done_counts
+from tests.support.processes import start_daemon
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+
+WORK_ENV = {"TOOL_JOBS": "tests.support.tooljobs:WORK"}
+
+
+async def wait_for(predicate, timeout: float, step: float = 0.2) -> None:
+    """Poll an async predicate until it holds or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(step)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+async def count(url: str, sql: str, *args: object) -> int:
+    """Run a count query on a fresh connection."""
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def test_ten_thousand_jobs_over_four_processes_run_exactly_once(db_url: str, tmp_path):
+    """10,000 jobs consumed by 4 worker processes at once: each completes exactly once."""
+    await create_ledger(db_url)
+    daemons = [start_daemon(db_url, tmp_path, name=f"w{i}", env=WORK_ENV) for i in range(4)]
+    try:
+        for d in daemons:
+            await asyncio.to_thread(d.wait_ready, 60)
+        async with Sender.connect(db_url, max_size=2) as sender:
+            for start in range(0, 10_000, 1_000):
+                await sender.send_many("tool-work", [{"n": n} for n in range(start, start + 1000)])
+
+        async def all_done() -> bool:
+            return (
+                await count(
+                    db_url,
+                    "SELECT count(*) FROM jobs.job WHERE queue = 'tool-work'"
+                    " AND state = 'completed'",
+                )
+                == 10_000
+            )
+
+        await wait_for(all_done, 120)
+        done = await done_counts(db_url, "tool-work")
+        assert len(done) == 10_000
+        assert set(done.values()) == {1}
+        pids = await count(db_url, "SELECT count(DISTINCT pid) FROM public.ledger")
+        assert pids == 4
+    finally:
+        for d in daemons:
+            d.kill()
+
+
+async def test_sigkilled_workers_jobs_complete_elsewhere_within_a_minute(db_url: str, tmp_path):
+    """SIGKILL a worker mid-batch: its jobs come back and complete on another replica in < 60 s."""
+    await create_ledger(db_url)
+    victim = start_daemon(db_url, tmp_path, name="victim", env=WORK_ENV)
+    await asyncio.to_thread(victim.wait_ready, 60)
+    async with Sender.connect(db_url, max_size=2) as sender:
+        ids = await sender.send_many("tool-work", [{"sleep": 3} for _ in range(8)])
+
+    async def victim_busy() -> bool:
+        return (
+            await count(db_url, "SELECT count(*) FROM public.ledger WHERE pid = $1", victim.pid)
+            >= 4
+        )
+
+    await wait_for(victim_busy, 30)
+    victim.kill()
+    killed_at = time.monotonic()
+    survivor = start_daemon(db_url, tmp_path, name="survivor", env=WORK_ENV)
+    try:
+        await asyncio.to_thread(survivor.wait_ready, 60)
+
+        async def all_done() -> bool:
+            return len(await done_counts(db_url, "tool-work")) == len(ids)
+
+        await wait_for(all_done, 60)
+        assert time.monotonic() - killed_at < 60
+        done = await done_counts(db_url, "tool-work")
+        assert set(done) == set(ids)
+        assert set(done.values()) == {1}
+        rescued = await count(
+            db_url, "SELECT count(*) FROM jobs.job WHERE output->>'error' LIKE 'rescued%'"
+        )
+        assert rescued >= 4
+    finally:
+        survivor.kill()
+
+
+async def test_sigterm_lets_a_running_handler_finish_and_exits_zero(db_url: str, tmp_path):
+    """SIGTERM while a 2 s handler runs (grace 5 s): it finishes, the process exits 0."""
+    await create_ledger(db_url)
+    daemon = start_daemon(db_url, tmp_path, env=WORK_ENV)
+    await asyncio.to_thread(daemon.wait_ready, 60)
+    async with Sender.connect(db_url, max_size=2) as sender:
+        job_id = await sender.send("tool-work", {"sleep": 2})
+
+    async def started() -> bool:
+        return (
+            await count(db_url, "SELECT count(*) FROM public.ledger WHERE job_id = $1", job_id) == 1
+        )
+
+    await wait_for(started, 30, step=0.05)
+    signalled = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    code = await asyncio.to_thread(daemon.wait, 15)
+    assert code == 0, daemon.logs()
+    assert time.monotonic() - signalled < 5
+    assert await done_counts(db_url, "tool-work") == {job_id: 1}
+    state = await count(
+        db_url, "SELECT count(*) FROM jobs.job WHERE id = $1 AND state = 'completed'", job_id
+    )
+    assert state == 1
+
+
+async def test_handler_outliving_the_grace_is_handed_back_and_runs_elsewhere(db_url, tmp_path):
+    """A handler still running when the grace ends is interrupted, its job handed back at once
+    without losing an attempt, and it runs again on another worker; the process exits 0."""
+    await create_ledger(db_url)
+    first = start_daemon(db_url, tmp_path, name="first", env=WORK_ENV)
+    await asyncio.to_thread(first.wait_ready, 60)
+    async with Sender.connect(db_url, max_size=2) as sender:
+        job_id = await sender.send("tool-work", {"sleep": 8}, retry_limit=0)
+
+    async def started() -> bool:
+        return (
+            await count(db_url, "SELECT count(*) FROM public.ledger WHERE job_id = $1", job_id) == 1
+        )
+
+    await wait_for(started, 30, step=0.05)
+    signalled = time.monotonic()
+    first.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(first.wait, 20) == 0, first.logs()
+    assert time.monotonic() - signalled < 5 + 3
+    conn = await asyncpg.connect(db_url)
+    try:
+        row = await conn.fetchrow(
+            "SELECT state::text, retry_count, start_after <= now() AS due FROM jobs.job"
+            " WHERE id = $1",
+            job_id,
+        )
+    finally:
+        await conn.close()
+    assert (row["state"], row["retry_count"], row["due"]) == ("retry", 0, True)
+    second = start_daemon(db_url, tmp_path, name="second", env=WORK_ENV)
+    try:
+        await asyncio.to_thread(second.wait_ready, 60)
+
+        async def done() -> bool:
+            return await done_counts(db_url, "tool-work") == {job_id: 1}
+
+        await wait_for(done, 30)
+    finally:
+        second.kill()
