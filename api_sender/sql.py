@@ -19,7 +19,8 @@ _INSERT_COLUMNS = """
 
 _SEND = """
 -- send: one job. The NOTIFY is transactional (delivered on commit, dropped on rollback) and
--- carries only the queue name; it is sent only when the job is due now.
+-- carries only the queue name when the job is due now; a job due later sends an empty payload,
+-- which makes listening workers re-read when the next job is due (timers fire on time).
 WITH q AS (
     SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
     FROM {s}.queue WHERE name = $1
@@ -33,7 +34,7 @@ WITH q AS (
     ON CONFLICT DO NOTHING
     RETURNING id, start_after <= now() AS due
 ), note AS (
-    SELECT pg_notify('{channel}', $1) FROM ins WHERE ins.due
+    SELECT pg_notify('{channel}', CASE WHEN ins.due THEN $1 ELSE '' END) FROM ins
 )
 SELECT (SELECT id FROM ins) AS id,
        EXISTS (SELECT 1 FROM q) AS queue_found,
@@ -41,7 +42,7 @@ SELECT (SELECT id FROM ins) AS id,
 """
 
 _SEND_MANY = """
--- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY).
+-- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY, as in send).
 WITH q AS (
     SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
     FROM {s}.queue WHERE name = $1
@@ -56,7 +57,8 @@ WITH q AS (
     ON CONFLICT DO NOTHING
     RETURNING id, start_after <= now() AS due
 ), note AS (
-    SELECT pg_notify('{channel}', $1) WHERE EXISTS (SELECT 1 FROM ins WHERE ins.due)
+    SELECT pg_notify('{channel}', CASE WHEN bool_or(ins.due) THEN $1 ELSE '' END)
+    FROM ins HAVING count(*) > 0
 )
 SELECT EXISTS (SELECT 1 FROM q) AS queue_found,
        ARRAY(SELECT id FROM ins ORDER BY id) AS ids,
@@ -88,7 +90,7 @@ WITH q AS (
     FROM q
     RETURNING id, start_after <= now() AS due
 ), note AS (
-    SELECT pg_notify('{channel}', $1) FROM ins WHERE ins.due
+    SELECT pg_notify('{channel}', CASE WHEN ins.due THEN $1 ELSE '' END) FROM ins
 )
 SELECT (SELECT id FROM ins) AS id,
        EXISTS (SELECT 1 FROM q) AS queue_found,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -171,3 +172,72 @@ async def test_handler_outliving_the_grace_is_handed_back_and_runs_elsewhere(db_
         await wait_for(done, 30)
     finally:
         second.kill()
+
+
+async def test_idle_worker_writes_nothing_and_beats_only_while_holding_jobs(db_url, tmp_path):
+    """An idle worker commits about one read-only probe per poll interval and writes no
+    heartbeat; once it holds a job its heartbeat row appears."""
+    await create_ledger(db_url)
+    daemon = start_daemon(db_url, tmp_path, env=WORK_ENV)
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        # Backends report their counters up to 10 s late (PGSTAT_IDLE_INTERVAL): let the boot's
+        # own transactions land before measuring.
+        await asyncio.sleep(11)
+        conn = await asyncpg.connect(db_url)
+        try:
+            stats = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            before = await conn.fetchval(stats)
+            await asyncio.sleep(6)
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            after = await conn.fetchval(stats)
+            assert await conn.fetchval("SELECT count(*) FROM jobs.worker") == 0
+        finally:
+            await conn.close()
+        # POLL_INTERVAL_SECONDS=0.5 over 6 s: 12 probes, plus our own 3 statements and slack.
+        assert after - before <= 12 + 3 + 3, after - before
+        async with Sender.connect(db_url, max_size=1) as sender:
+            await sender.send("tool-work", {"sleep": 1.5})
+
+        async def beating() -> bool:
+            return await count(db_url, "SELECT count(*) FROM jobs.worker") == 1
+
+        await wait_for(beating, 10, step=0.1)
+    finally:
+        daemon.kill()
+
+
+async def test_timer_runs_when_due_with_its_key(db_url: str, tmp_path) -> None:
+    """A keyed timer 1.5 s out runs once, close to its instant, and its handler sees the key."""
+    await create_ledger(db_url)
+    daemon = start_daemon(
+        db_url,
+        tmp_path,
+        env={"TOOL_JOBS": "tests.support.tooljobs:TIMERS", "POLL_INTERVAL_SECONDS": "5"},
+    )
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        async with Sender.connect(db_url, max_size=1) as sender:
+            job_id = await sender.timers.schedule(
+                "tool-timer", delay_seconds=1.5, data={"x": 1}, key="reminder-7"
+            )
+        conn = await asyncpg.connect(db_url)
+        try:
+            due = await conn.fetchval("SELECT start_after FROM jobs.job WHERE id = $1", job_id)
+
+            async def ran() -> bool:
+                return (
+                    await count(db_url, "SELECT count(*) FROM public.ledger WHERE phase = 'done'")
+                    == 1
+                )
+
+            await wait_for(ran, 15, step=0.05)
+            row = await conn.fetchrow("SELECT key, at FROM public.ledger WHERE phase = 'start'")
+        finally:
+            await conn.close()
+        assert row["key"] == "reminder-7"
+        # Picked up at its instant, not at the next 5 s poll.
+        assert timedelta(0) <= row["at"] - due < timedelta(seconds=1)
+    finally:
+        daemon.kill()

@@ -144,16 +144,17 @@ async def test_transactional_enqueue_notifies_on_commit_only(pool, sender: Sende
         await listener.close()
 
 
-async def test_delayed_send_does_not_notify(pool, sender: Sender) -> None:
-    """A job not yet due sends no NOTIFY (the probe picks it up when due)."""
+async def test_delayed_send_notifies_without_a_queue(pool, sender: Sender) -> None:
+    """A job not yet due wakes no poller: its NOTIFY has an empty payload (re-read next due)."""
     await make_queue(pool, "q")
     listener = await asyncpg.connect(pool._connect_args[0])  # type: ignore[attr-defined]
     heard: list[str] = []
     await listener.add_listener("chassis_jobs_jobs", lambda *a: heard.append(a[3]))
     try:
         await sender.send("q", {}, start_after=60)
+        await sender.send_many("q", [{}, {}], start_after=60)
         await asyncio.sleep(0.2)
-        assert heard == []
+        assert heard == ["", ""]
     finally:
         await listener.close()
 

@@ -57,9 +57,14 @@ class Dispatcher:
         #: Set the first time LISTEN is established.
         self.first_listen = anyio.Event()
         self._lost = anyio.Event()
+        self._kick = anyio.Event()
 
     def _on_notify(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         if channel == self._channel:
+            if not payload:
+                # A job due later was sent: probe again to learn the new next due time.
+                self._kick.set()
+                return
             waker = self._wakers.get(payload)
             if waker is not None:
                 waker.wake()
@@ -71,6 +76,7 @@ class Dispatcher:
     def _on_termination(self, _conn: object) -> None:
         self.listening = False
         self._lost.set()
+        self._kick.set()
 
     def wake_all(self) -> None:
         """Wake every poller (after a reconnect: notifications may have been missed)."""
@@ -130,6 +136,7 @@ class Dispatcher:
             if next_due is not None:
                 sleep = min(sleep, max(0.0, next_due.total_seconds()) + 0.005)
             with anyio.move_on_after(sleep):
-                await self._lost.wait()
+                await self._kick.wait()
+            self._kick = anyio.Event()
             if self._lost.is_set():
                 raise asyncpg.ConnectionDoesNotExistError("listener connection closed")
