@@ -7,14 +7,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..gauges import QueueGauges
 from ..metrics import READY
 from ..state import ServiceState
 
 
 def health_routes(state: ServiceState) -> list[Route]:
     """The operational endpoints."""
+    gauges = QueueGauges(state.settings.jobs_schema)
 
     async def metrics(_: Request) -> Response:
+        await gauges.refresh(state.pool)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(_: Request) -> Response:

@@ -1,0 +1,76 @@
+"""The operational HTTP surface of a running daemon."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from api_sender import Sender
+from tests.support.processes import start_daemon
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+
+
+async def test_metrics_health_and_worker_404_on_v1(db_url: str, tmp_path) -> None:
+    """A worker serves /healthz, /readyz and /metrics with the promised series; /v1 is 404."""
+    daemon = start_daemon(db_url, tmp_path, env={"TOOL_JOBS": "tests.support.tooljobs:TIMERS"})
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        async with Sender.connect(db_url, max_size=1) as sender:
+            await sender.send("tool-timer", {}, start_after=3600)
+        assert daemon.get("/healthz")[0] == 200
+        assert daemon.get("/readyz") == (200, {"ready": True})
+        status, text = daemon.get("/metrics")
+        assert status == 200
+        for name in (
+            "usage_events_held_total",
+            "usage_events_delivered_total",
+            "jobs_completed_total",
+            "jobs_failed_total",
+            "queue_jobs",
+            "queue_oldest_waiting_seconds",
+        ):
+            assert f"# TYPE {name}" in text
+        assert 'queue_jobs{queue="tool-timer",state="created"} 1.0' in text
+        assert daemon.get("/v1/usage-events")[0] == 404
+    finally:
+        daemon.kill()
+
+
+async def test_readyz_recovers_after_every_backend_is_terminated(db_url, admin_url, tmp_path):
+    """pg_terminate_backend on every daemon connection: /readyz recovers by itself and new
+    work is still picked up (the LISTEN connection comes back)."""
+    from tests.support.ledger import create_ledger, done_counts
+
+    await create_ledger(db_url)
+    daemon = start_daemon(db_url, tmp_path, env={"TOOL_JOBS": "tests.support.tooljobs:WORK"})
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        import asyncpg
+
+        admin = await asyncpg.connect(admin_url)
+        try:
+            dbname = db_url.rsplit("/", 1)[1]
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = $1 AND pid <> pg_backend_pid()",
+                dbname,
+            )
+        finally:
+            await admin.close()
+        assert killed >= 2
+        await asyncio.to_thread(daemon.wait_ready, 30)
+        async with Sender.connect(db_url, max_size=1) as sender:
+            job_id = await sender.send("tool-work", {"n": 1})
+        for _ in range(100):
+            if await done_counts(db_url, "tool-work") == {job_id: 1}:
+                break
+            await asyncio.sleep(0.1)
+        assert await done_counts(db_url, "tool-work") == {job_id: 1}
+        assert any(
+            e["event"] == "listener.reconnected" or e["event"] == "listener.lost"
+            for e in daemon.events()
+        )
+    finally:
+        daemon.kill()
