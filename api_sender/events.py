@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,11 +12,35 @@ from ulid import ULID
 
 #: Crockford base32, 26 characters, first character at most 7 (128 bits).
 _ULID_ALPHABET = frozenset("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+#: RFC 3339 date-time: full date, full time with seconds, optional fraction, a mandatory offset.
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
 
 
 def new_ulid() -> str:
     """A new ULID, as its canonical 26-character string."""
     return str(ULID())
+
+
+def parse_timestamp(value: Any, name: str = "timestamp") -> datetime:
+    """A timezone-aware datetime from an RFC 3339 string (or an aware datetime); ``ValueError``
+    naming ``name`` otherwise."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not _RFC3339.fullmatch(text):
+            raise ValueError(
+                f"{name} must be an RFC 3339 timestamp with an offset, e.g. 2024-05-01T12:00:00Z"
+            )
+        try:
+            value = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{name} must be an RFC 3339 timestamp") from None
+    if not isinstance(value, datetime):
+        raise ValueError(f"{name} must be an RFC 3339 timestamp")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must carry a timezone offset")
+    return value
 
 
 class UsageEvent(BaseModel):
@@ -69,7 +94,11 @@ class UsageEvent(BaseModel):
     def _quantity_is_a_number(cls, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError("quantity must be a number")
-        if not math.isfinite(value):
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer too large for a float
+            finite = False
+        if not finite:
             raise ValueError("quantity must be finite")
         if value < 0:
             raise ValueError("quantity must not be negative")
@@ -80,16 +109,7 @@ class UsageEvent(BaseModel):
     def _occurred_at_is_aware(cls, value: Any) -> Any:
         if value is None:
             return datetime.now(UTC)
-        if isinstance(value, str):
-            try:
-                value = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-            except ValueError:
-                raise ValueError("occurred_at must be an RFC 3339 timestamp") from None
-        if not isinstance(value, datetime):
-            raise ValueError("occurred_at must be an RFC 3339 timestamp")
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError("occurred_at must carry a timezone offset")
-        return value
+        return parse_timestamp(value, "occurred_at")
 
     @field_validator("dimensions", mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeAlias
 
@@ -139,6 +139,7 @@ class Sender:
         *,
         start_after: StartAfter = None,
         singleton_key: str | None = None,
+        singleton_keys: Sequence[str | None] | None = None,
         priority: int = 0,
         retry_limit: int | None = None,
         retry_delay: int | None = None,
@@ -148,8 +149,10 @@ class Sender:
     ) -> list[int]:
         """Enqueue one job per item in a single statement and return their ids in order.
 
-        Every job shares the options given. On ``short``/``stately`` queues a refused key is
-        left out of the returned ids.
+        Every job shares the options given; ``singleton_keys`` (one entry per item, ``None``
+        for "the shared ``singleton_key``") gives each job its own key. The statement is atomic:
+        every job is stored or none. On ``short``/``stately`` queues a refused key is left out
+        of the returned ids.
         """
         options = SendOptions(
             start_after=start_after,
@@ -160,12 +163,27 @@ class Sender:
             retry_backoff=retry_backoff,
             expire_in_seconds=expire_in_seconds,
         )
+        return await self.send_many_with(
+            queue, items, options, singleton_keys=singleton_keys, connection=connection
+        )
+
+    async def send_many_with(
+        self,
+        queue: str,
+        items: Iterable[Any],
+        options: SendOptions,
+        *,
+        singleton_keys: Sequence[str | None] | None = None,
+        connection: asyncpg.Connection | None = None,
+    ) -> list[int]:
+        """Like :meth:`send_many`, with the shared options given as one :class:`SendOptions`."""
         _check_queue_name(queue)
         payloads = [encode_data(item) for item in items]
+        keys = _check_keys(singleton_keys, len(payloads))
         if not payloads:
             return []
         executor: Executor = connection if connection is not None else self._pool
-        row = await executor.fetchrow(self._sql.send_many, queue, payloads, *options.args())
+        row = await executor.fetchrow(self._sql.send_many, queue, payloads, *options.args(), keys)
         assert row is not None
         if not row["queue_found"]:
             raise QueueNotFound(queue, self.schema)
@@ -213,3 +231,18 @@ class _Connecting:
 def _check_queue_name(queue: str) -> None:
     if not isinstance(queue, str) or not queue:
         raise InvalidJob("queue must be a non-empty string")
+
+
+def _check_keys(keys: Sequence[str | None] | None, count: int) -> list[str | None] | None:
+    """The per-item singleton keys as a statement parameter, validated against the item count."""
+    if keys is None:
+        return None
+    if isinstance(keys, str):
+        raise InvalidJob("singleton_keys must be a sequence of keys, not a string")
+    checked = list(keys)
+    if len(checked) != count:
+        raise InvalidJob(f"singleton_keys has {len(checked)} entries for {count} items")
+    for key in checked:
+        if key is not None and (not isinstance(key, str) or not key):
+            raise InvalidJob("each of singleton_keys must be a non-empty string or None")
+    return checked

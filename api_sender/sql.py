@@ -42,17 +42,19 @@ SELECT (SELECT id FROM ins) AS id,
 """
 
 _SEND_MANY = """
--- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY, as in send).
+-- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY, as in send),
+-- so a batch is enqueued all or nothing. $11 optionally gives each item its own singleton key (a
+-- NULL array pads every item with NULL, which falls back to the shared key $4).
 WITH q AS (
     SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
     FROM {s}.queue WHERE name = $1
 ), ins AS (
     INSERT INTO {s}.job ({cols})
-    SELECT q.name, q.policy, d.data::jsonb, $3::int, $4::text,
+    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text),
            COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
            COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
            COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
-    FROM q, unnest($2::text[]) WITH ORDINALITY AS d(data, n)
+    FROM q, unnest($2::text[], $11::text[]) WITH ORDINALITY AS d(data, key, n)
     ORDER BY d.n
     ON CONFLICT DO NOTHING
     RETURNING id, start_after <= now() AS due

@@ -6,9 +6,12 @@ from :func:`usage_send_options`, so a re-driven event travels exactly like a fre
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import anyio
+import asyncpg
 import structlog
 from prometheus_client import Counter
 
@@ -44,7 +47,7 @@ class UsageRetry:
 
 
 def usage_send_options(
-    event_id: str, retry: UsageRetry, *, start_after: StartAfter = None
+    event_id: str | None, retry: UsageRetry, *, start_after: StartAfter = None
 ) -> SendOptions:
     """How every usage event is sent: its id as a label, the budget, backoff on.
 
@@ -63,16 +66,24 @@ def usage_send_options(
 class UsageSink:
     """``sender.usage``: emit usage events durably without ever failing the caller."""
 
-    def __init__(self, sender: Sender, *, retry: UsageRetry | None = None) -> None:
+    def __init__(
+        self, sender: Sender, *, retry: UsageRetry | None = None, emit_timeout: float = 10.0
+    ) -> None:
         self._sender = sender
         self.retry = retry or UsageRetry()
+        #: How long one emit may wait for the database before it gives up (logged, counted).
+        self.emit_timeout = emit_timeout
 
     async def emit(self, event: UsageEvent) -> int | None:
-        """Enqueue ``event`` on the usage queue; on any failure log, count and return ``None``."""
+        """Enqueue ``event`` on the usage queue; on any failure log, count and return ``None``.
+
+        Bounded by ``emit_timeout`` so a database that hangs cannot stall the caller's request.
+        """
         try:
-            return await self._sender.send_with(
-                USAGE_QUEUE, event.to_job_data(), usage_send_options(event.id, self.retry)
-            )
+            with anyio.fail_after(self.emit_timeout):
+                return await self._sender.send_with(
+                    USAGE_QUEUE, event.to_job_data(), usage_send_options(event.id, self.retry)
+                )
         except Exception as exc:
             EMIT_FAILURES.inc()
             log.error(
@@ -83,3 +94,37 @@ class UsageSink:
                 error=f"{type(exc).__name__}: {exc}",
             )
             return None
+
+    async def enqueue(
+        self, events: Sequence[UsageEvent], *, connection: asyncpg.Connection | None = None
+    ) -> list[int]:
+        """Enqueue ``events`` in one statement, all or none; raises on failure (ingest's path)."""
+        return await self.resend([event.to_job_data() for event in events], connection=connection)
+
+    async def resend(
+        self,
+        payloads: Sequence[Any],
+        *,
+        start_after: StartAfter = None,
+        connection: asyncpg.Connection | None = None,
+    ) -> list[int]:
+        """Send already-encoded events (the queue's job data) back to the usage queue, all or
+        none, each with :func:`usage_send_options` and its own id as key; raises on failure."""
+        if not payloads:
+            return []
+        keys = [event_id_of(payload) for payload in payloads]
+        # The shared options come from the one statement of how usage is sent; only the key
+        # differs per event, and send_many takes those as a list.
+        options = usage_send_options(keys[0], self.retry, start_after=start_after)
+        return await self._sender.send_many_with(
+            USAGE_QUEUE, payloads, options, singleton_keys=keys, connection=connection
+        )
+
+
+def event_id_of(payload: Any) -> str | None:
+    """The event id a usage job's data carries, or ``None`` when it carries none."""
+    if isinstance(payload, Mapping):
+        value = payload.get("id")
+        if isinstance(value, str) and value:
+            return value
+    return None

@@ -1,11 +1,27 @@
-"""``chassis-worker held``: operator tools for held usage events (issue 4)."""
+"""``chassis-worker held``: operator tools for held usage events (contract section 2).
+
+``list [--json]`` shows them, ``redrive ID...|--all`` makes them due now, ``discard ID... --yes``
+drops them for good, the one way an event leaves the pipeline undelivered, with an audit row
+naming the operator's OS user, the ids and the time.
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
+import sys
 from typing import Any
 
+import structlog
+
+from api_sender import Sender
+
+from ..boot import database_url
+from ..jobs.usage.operator import EVERYTHING, HeldRow, HeldStore, Selection
 from ..settings import Settings
+
+log = structlog.get_logger("worker.held")
 
 
 def add_held_parser(sub: Any) -> None:
@@ -22,6 +38,88 @@ def add_held_parser(sub: Any) -> None:
     discard.add_argument("--yes", action="store_true")
 
 
+def operator_name() -> str:
+    """The OS user running the command (the audit row's principal)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name and no passwd entry (some containers)
+        return f"uid:{os.getuid()}"
+
+
 async def held_command(settings: Settings, args: argparse.Namespace) -> int:
-    """Dispatch the held subcommands."""
-    raise NotImplementedError("held commands are not implemented yet")
+    """Dispatch the held subcommands; 0 done, 1 some named id was not held, 2 bad arguments."""
+    from ..cli import UsageError, print_json
+
+    selection = _selection(args, UsageError)
+    url = await database_url(settings)
+    async with Sender.connect(
+        url, schema=settings.jobs_schema, min_size=1, max_size=1, usage_retry=settings.usage_retry
+    ) as sender:
+        store = HeldStore(sender)
+        if args.held_action == "list":
+            rows = await store.listing()
+            if args.json:
+                print_json({"held": [row.as_json() for row in rows], "count": len(rows)})
+            else:
+                _print_table(rows)
+            return 0
+        actor = operator_name()
+        if args.held_action == "redrive":
+            done = await store.redrive(selection, actor)
+            log.info("held.redriven", ids=done, count=len(done), actor=actor)
+            print(f"redriven {len(done)} event(s), due now")
+        else:
+            done = await store.discard(selection, actor)
+            log.warning("held.discarded", ids=done, count=len(done), actor=actor)
+            print(f"discarded {len(done)} event(s); audit row written" if done else "discarded 0")
+    for event_id in done:
+        print(event_id)
+    missing = [] if selection.everything else selection.missing(done)
+    if missing:
+        print(f"not held (nothing done): {' '.join(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _selection(args: argparse.Namespace, usage_error: type[Exception]) -> Selection:
+    if args.held_action == "list":
+        return EVERYTHING
+    if args.held_action == "discard" and not args.yes:
+        raise usage_error(
+            "held discard drops these events for good (they are never delivered); "
+            "pass --yes to confirm"
+        )
+    if args.held_action == "redrive" and getattr(args, "all", False):
+        if args.ids:
+            raise usage_error("held redrive: give event ids or --all, not both")
+        return EVERYTHING
+    if not args.ids:
+        raise usage_error("held redrive: give event ids or --all")
+    try:
+        return Selection.of(args.ids)
+    except ValueError as exc:
+        raise usage_error(f"invalid id: {exc}") from None
+
+
+def _print_table(rows: list[HeldRow]) -> None:
+    if not rows:
+        print("no held events")
+        return
+    lines = [["id", "status", "reason", "due_at", "meter", "workspace_id", "quantity"]]
+    for row in rows:
+        shown = row.as_json()
+        lines.append(
+            [
+                row.id,
+                row.status,
+                row.reason or "-",
+                shown["due_at"],
+                str(shown["meter"]),
+                str(shown["workspace_id"]),
+                str(shown["quantity"]),
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    print(f"{len(rows)} held event(s)")

@@ -11,6 +11,7 @@ from api_sender import InvalidJob, QueueNotFound, Sender
 from ..boot import database_url, run
 from ..db.connections import connect
 from ..install import install
+from ..jobs.purges import sql as purge_sql
 from ..jobs.registry import installed_jobs
 from ..jobs.tools import load_declarations
 from ..queue.sql import render
@@ -45,10 +46,13 @@ async def migrate_command(settings: Settings, _: argparse.Namespace) -> int:
 
 
 async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
-    """One entry per queue: counts per state and the oldest waiting job's age."""
+    """One entry per queue: counts per state, the oldest waiting job's age, the last purge run."""
     conn = await connect(url)
     try:
         rows = await conn.fetch(render(schema).counts)
+        purges: dict[str, Any] = {}
+        if await conn.fetchval(purge_sql.HAS_RUN_TABLE, purge_sql.run_table(schema)):
+            purges = {r["queue"]: r for r in await conn.fetch(purge_sql.last_runs(schema))}
     finally:
         await conn.close()
     report = []
@@ -64,9 +68,21 @@ async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
                 "dead_letter": row["dead_letter"],
                 "cron": row["cron"],
                 "last_run": row["last_run"].isoformat() if row["last_run"] else None,
+                "last_purge": _last_purge(purges.get(row["name"])),
             }
         )
     return report
+
+
+def _last_purge(row: Any) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {
+        "started_at": row["started_at"].isoformat(),
+        "finished_at": row["finished_at"].isoformat(),
+        "deleted": int(row["deleted"]),
+        "drained": bool(row["drained"]),
+    }
 
 
 async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -77,7 +93,7 @@ async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print_json({"queues": report})
         return 0
-    header = ["queue", *STATES, "oldest_waiting_s", "cron", "last_run"]
+    header = ["queue", *STATES, "oldest_waiting_s", "cron", "last_run", "last_purge"]
     lines = [header]
     for q in report:
         oldest = q["oldest_waiting_seconds"]
@@ -88,12 +104,20 @@ async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
                 "-" if oldest is None else f"{oldest:.1f}",
                 q["cron"] or "-",
                 q["last_run"] or "-",
+                _purge_cell(q["last_purge"]),
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
     return 0
+
+
+def _purge_cell(last: dict[str, Any] | None) -> str:
+    if last is None:
+        return "-"
+    more = "" if last["drained"] else ", more due"
+    return f"{last['finished_at']} ({last['deleted']} rows{more})"
 
 
 async def send_command(settings: Settings, args: argparse.Namespace) -> int:

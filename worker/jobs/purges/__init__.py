@@ -1,4 +1,8 @@
-"""The nightly retention purges on the chassis tables (contract section 7)."""
+"""The nightly retention purges on the chassis tables (contract section 7).
+
+Each purge is a ``singleton`` queue, so two replicas never sweep one table at once, and runs as
+an ordinary job: retries, dead letter and metrics come with the queue.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,11 @@ from ...queue.jobs import ClaimedJob
 from ...queue.poller import Consumer
 from ...settings import Settings
 from ..spec import InstalledJob, JobContext
+from .apikeys import retire_expired_api_keys
+from .audit import audit_body
+from .idempotency import purge_idempotency_keys
+from .orphan_users import OrphanRule, orphan_body
+from .runs import PurgeBody, run_purge
 
 AUDIT_PURGE_QUEUE = "audit-purge"
 APIKEY_EXPIRY_QUEUE = "apikey-expiry-sweep"
@@ -19,10 +28,11 @@ PURGE_OPTIONS = QueueOptions(
 )
 
 
-def _purge(queue: str, cron: str | None) -> InstalledJob:
+def _purge(queue: str, cron: str | None, body: PurgeBody) -> InstalledJob:
     def make_consumer(ctx: JobContext) -> Consumer:
         async def run_job(job: ClaimedJob) -> object:
-            raise NotImplementedError(f"{queue} is not implemented yet")
+            await run_purge(ctx.pool, ctx.settings.jobs_schema, queue, job.id, body)
+            return None
 
         return Consumer(queue=queue, run_job=run_job, one_per_key=True)
 
@@ -30,23 +40,25 @@ def _purge(queue: str, cron: str | None) -> InstalledJob:
 
 
 def audit_purge(settings: Settings) -> InstalledJob:
-    """audit-purge: scheduled only when AUDIT_RETENTION_DAYS > 0."""
-    return _purge(AUDIT_PURGE_QUEUE, settings.purge_cron if settings.audit_retention_days else None)
+    """audit-purge: scheduled only when AUDIT_RETENTION_DAYS > 0; a run at 0 deletes nothing."""
+    days = settings.audit_retention_days
+    return _purge(AUDIT_PURGE_QUEUE, settings.purge_cron if days else None, audit_body(days))
 
 
 def apikey_expiry_sweep(settings: Settings) -> InstalledJob:
     """apikey-expiry-sweep: always scheduled."""
-    return _purge(APIKEY_EXPIRY_QUEUE, settings.purge_cron)
+    return _purge(APIKEY_EXPIRY_QUEUE, settings.purge_cron, retire_expired_api_keys)
 
 
 def idempotency_purge(settings: Settings) -> InstalledJob:
     """idempotency-purge: always scheduled."""
-    return _purge(IDEMPOTENCY_PURGE_QUEUE, settings.purge_cron)
+    return _purge(IDEMPOTENCY_PURGE_QUEUE, settings.purge_cron, purge_idempotency_keys)
 
 
 def orphan_user_purge(settings: Settings) -> InstalledJob:
-    """orphan-user-purge: scheduled only when ORPHAN_USER_RETENTION_HOURS > 0."""
+    """orphan-user-purge: scheduled only when ORPHAN_USER_RETENTION_HOURS > 0; 0 deletes nothing."""
+    hours = settings.orphan_user_retention_hours
+    rule = OrphanRule(retention_hours=hours, superadmins=settings.superadmins)
     return _purge(
-        ORPHAN_USER_PURGE_QUEUE,
-        settings.purge_cron if settings.orphan_user_retention_hours else None,
+        ORPHAN_USER_PURGE_QUEUE, settings.purge_cron if hours else None, orphan_body(rule)
     )

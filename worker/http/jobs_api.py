@@ -1,0 +1,170 @@
+"""``POST /v1/jobs/{queue}``, ``POST /v1/timers/{queue}``, ``DELETE /v1/timers/{queue}/{key}``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import structlog
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, InvalidJob, QueueNotFound, Sender
+from api_sender.events import parse_timestamp
+
+from ..state import ServiceState
+from .guard import HttpError, in_database, read_json
+
+log = structlog.get_logger("worker.ingest")
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+class JobRequest(BaseModel):
+    """The body of ``POST /v1/jobs/{queue}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: dict[str, Any]
+    start_after_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
+    singleton_key: str | None = Field(None, min_length=1, max_length=500)
+    priority: StrictInt = Field(0, ge=-(2**31), lt=2**31)
+
+
+class TimerRequest(BaseModel):
+    """The body of ``POST /v1/timers/{queue}``: exactly one of ``at`` and ``delay_seconds``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: datetime | None = None
+    delay_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
+    data: dict[str, Any] | None = None
+    key: str | None = Field(None, min_length=1, max_length=500)
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def _at_is_rfc3339(cls, value: Any) -> Any:
+        return None if value is None else parse_timestamp(value, "at")
+
+    @model_validator(mode="after")
+    def _one_instant(self) -> TimerRequest:
+        if (self.at is None) == (self.delay_seconds is None):
+            raise ValueError("give exactly one of at and delay_seconds")
+        return self
+
+
+def jobs_routes(state: ServiceState) -> list[BaseRoute]:
+    """The job and timer routes (mounted under /v1 behind the token check)."""
+
+    async def post_job(request: Request) -> Response:
+        queue = request.path_params["queue"]
+        try:
+            _check_queue(queue)
+            body = _validated(JobRequest, await read_json(request))
+
+            async def send(sender: Sender) -> int | None:
+                return await sender.send(
+                    queue,
+                    body.data,
+                    start_after=body.start_after_seconds,
+                    singleton_key=body.singleton_key,
+                    priority=body.priority,
+                )
+
+            job_id = await _queued(state, queue, send)
+        except HttpError as exc:
+            return _rejected(exc, queue)
+        if job_id is None:
+            return _rejected(
+                HttpError(409, "the queue's policy already holds a job with that key", id=None),
+                queue,
+            )
+        return JSONResponse({"id": job_id}, status_code=202)
+
+    async def post_timer(request: Request) -> Response:
+        queue = request.path_params["queue"]
+        try:
+            _check_queue(queue)
+            body = _validated(TimerRequest, await read_json(request))
+
+            async def schedule(sender: Sender) -> int:
+                return await sender.timers.schedule(
+                    queue,
+                    at=body.at,
+                    delay_seconds=body.delay_seconds,
+                    data=body.data,
+                    key=body.key,
+                )
+
+            job_id = await _queued(state, queue, schedule)
+        except HttpError as exc:
+            return _rejected(exc, queue)
+        return JSONResponse({"id": job_id}, status_code=202)
+
+    async def delete_timer(request: Request) -> Response:
+        queue, key = request.path_params["queue"], request.path_params["key"]
+
+        async def cancel(sender: Sender) -> bool:
+            return await sender.timers.cancel(queue, key)
+
+        try:
+            cancelled = await in_database(state, cancel)
+        except HttpError as exc:
+            return _rejected(exc, queue)
+        if not cancelled:
+            return JSONResponse({"error": "no pending timer with that key"}, status_code=404)
+        return Response(status_code=204)
+
+    return [
+        Route("/jobs/{queue}", post_job, methods=["POST"]),
+        Route("/timers/{queue}", post_timer, methods=["POST"]),
+        Route("/timers/{queue}/{key:path}", delete_timer, methods=["DELETE"]),
+    ]
+
+
+def _check_queue(queue: str) -> None:
+    # A raw job on a usage queue would skip the event validation ingest does; a malformed event
+    # there could only ever be held, never delivered.
+    if queue in (USAGE_QUEUE, USAGE_HELD_QUEUE):
+        raise HttpError(400, "usage events go through POST /v1/usage-events")
+
+
+def _validated(model: type[M], body: Any) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        errors = [
+            {
+                "field": ".".join(str(part) for part in problem["loc"]) or "(body)",
+                "message": str(problem["msg"]).removeprefix("Value error, "),
+            }
+            for problem in exc.errors()
+        ]
+        raise HttpError(400, "invalid request", errors=errors) from None
+
+
+async def _queued(state: ServiceState, queue: str, work: Callable[[Sender], Awaitable[T]]) -> T:
+    try:
+        result = await in_database(state, work)
+    except QueueNotFound:
+        raise HttpError(404, f"queue {queue!r} is not installed") from None
+    except InvalidJob as exc:
+        raise HttpError(400, str(exc)) from None
+    return result
+
+
+def _rejected(exc: HttpError, queue: str) -> Response:
+    log.info("ingest.rejected", status=exc.status, reason=exc.error, queue=queue)
+    return exc.response()

@@ -1,0 +1,134 @@
+"""orphan-user-purge: users no workspace, session or invitation holds on to, deleted whole."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+import asyncpg
+import structlog
+
+from . import sql
+from .batches import BatchLimits
+from .runs import PurgeBody, PurgeRun
+
+log = structlog.get_logger("worker.purge")
+
+ORPHAN_LIMITS = BatchLimits(batch_size=50, max_batches=200)
+#: Emails named in the run's audit row at most.
+SAMPLE_SIZE = 20
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanRule:
+    """The settings the candidate rule depends on."""
+
+    retention_hours: int
+    #: Trimmed, lower-cased SUPERADMIN_EMAILS.
+    superadmins: frozenset[str] = frozenset()
+    limits: BatchLimits = ORPHAN_LIMITS
+
+
+class Outcome(Enum):
+    """What happened to one candidate."""
+
+    DELETED = "deleted"
+    #: The re-check under the lock found a membership or a live session.
+    IN_USE = "in_use"
+    #: Someone else deleted the user first.
+    GONE = "gone"
+    #: The delete raised (a trigger, a lock timeout): the user stays, the sweep goes on.
+    FAILED = "failed"
+
+
+async def delete_if_orphan(conn: asyncpg.Connection, user_id: str, run: PurgeRun) -> Outcome:
+    """In one transaction: lock the user, re-check it is unused at ``run.now``, delete it whole."""
+    try:
+        async with conn.transaction():
+            await conn.execute(sql.USER_TRANSACTION_LIMITS)
+            if await conn.fetchval(sql.LOCK_USER, user_id) is None:
+                return Outcome.GONE
+            if await conn.fetchval(sql.STILL_IN_USE, user_id, run.now):
+                return Outcome.IN_USE
+            await conn.execute(sql.DELETE_USER, user_id)
+    except asyncpg.PostgresError as exc:
+        log.warning(
+            "purge.orphan_skipped",
+            queue=run.queue,
+            user_id=user_id,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return Outcome.FAILED
+    return Outcome.DELETED
+
+
+async def purge_orphan_users(conn: asyncpg.Connection, run: PurgeRun, rule: OrphanRule) -> None:
+    """Delete every user the candidate rule selects at ``run.now``; 0 hours deletes nothing."""
+    if rule.retention_hours <= 0:
+        run.retention = "disabled"
+        return
+    run.retention = f"{rule.retention_hours} hours"
+    limits = rule.limits
+    # One jsonb parameter, never a driver-serialised array, in a query that decides deletions.
+    superadmins = json.dumps(sorted(rule.superadmins))
+    passed: list[str] = []
+    sample: list[str] = []
+    outcomes = dict.fromkeys(Outcome, 0)
+    batches = 0
+    started = time.monotonic()
+    run.drained = False
+    try:
+        while batches < limits.max_batches:
+            if batches and time.monotonic() - started >= limits.time_budget_seconds:
+                break
+            rows = await conn.fetch(
+                sql.ORPHAN_CANDIDATES,
+                run.now,
+                rule.retention_hours,
+                superadmins,
+                json.dumps(passed),
+                limits.batch_size,
+                timeout=limits.statement_timeout_seconds,
+            )
+            batches += 1
+            progressed = 0
+            for row in rows:
+                outcome = await delete_if_orphan(conn, row["id"], run)
+                outcomes[outcome] += 1
+                if outcome is Outcome.DELETED:
+                    run.count(1)
+                    progressed += 1
+                    if len(sample) < SAMPLE_SIZE:
+                        sample.append(row["email"])
+                else:
+                    # Never offered again this run, so a kept user cannot fill a later batch.
+                    passed.append(row["id"])
+            if len(rows) < limits.batch_size:
+                run.drained = True
+                break
+            if progressed == 0:
+                break
+    finally:
+        run.details.update(
+            batches=batches,
+            kept_on_recheck=outcomes[Outcome.IN_USE],
+            skipped=outcomes[Outcome.FAILED],
+        )
+        if run.deleted:
+            metadata = {
+                "deleted": run.deleted,
+                "retention_hours": rule.retention_hours,
+                "sample": sample,
+            }
+            await conn.execute(sql.AUDIT_ORPHAN_PURGE, run.now, json.dumps(metadata))
+
+
+def orphan_body(rule: OrphanRule) -> PurgeBody:
+    """The orphan-user-purge body for one rule."""
+
+    async def body(conn: asyncpg.Connection, run: PurgeRun) -> None:
+        await purge_orphan_users(conn, run, rule)
+
+    return body

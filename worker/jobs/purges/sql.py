@@ -1,0 +1,148 @@
+"""Named SQL statements of the nightly purges, one statement per name.
+
+The chassis tables are always ``public.<name>``. Every time comparison takes the run's clock as a
+parameter (``$1``, read once per run by :data:`READ_CLOCK`), never ``now()``: one pass measures
+every row against the same instant.
+"""
+
+from __future__ import annotations
+
+from api_sender._schema import quoted
+
+READ_CLOCK = """
+-- the run's one clock: read once, passed to every later statement of the run.
+SELECT now()
+"""
+
+DELETE_AUDIT_BATCH = """
+-- audit-purge batch: at most $3 rows older than $1 - $2 days, oldest first, found through the
+-- audit_log(created_at) index so the statement stays short however large the table is.
+DELETE FROM public.audit_log
+WHERE id IN (
+    SELECT id FROM public.audit_log
+    WHERE created_at < $1::timestamptz - make_interval(days => $2::int)
+    ORDER BY created_at
+    LIMIT $3
+)
+"""
+
+DELETE_IDEMPOTENCY_BATCH = """
+-- idempotency-purge batch: at most $2 rows past their expires_at (index on expires_at).
+DELETE FROM public.idempotency_keys
+WHERE (workspace_id, key) IN (
+    SELECT workspace_id, key FROM public.idempotency_keys
+    WHERE expires_at < $1::timestamptz
+    ORDER BY expires_at
+    LIMIT $2
+)
+"""
+
+RETIRE_EXPIRED_API_KEYS = """
+-- apikey-expiry-sweep: expired keys already fail authentication; this moves them to the visible
+-- terminal state. api_keys is small and the partial index holds only unrevoked keys with an
+-- expiry, so one statement suffices.
+UPDATE public.api_keys
+SET revoked_at = expires_at
+WHERE revoked_at IS NULL AND expires_at IS NOT NULL AND expires_at < $1::timestamptz
+"""
+
+ORPHAN_CANDIDATES = """
+-- orphan-user-purge candidates: at most $5 users created before $1 - $2 hours with no membership
+-- row at all (deactivated ones count), no session live at $1, no live pending invitation for
+-- their email in any letter case, not a verified address of the superadmin list $3 (one jsonb
+-- array of trimmed, lower-cased emails), not the instance operator, and not already skipped in
+-- this run ($4, a jsonb array of ids). Every exclusion is here, not in the caller, so a user the
+-- sweep must keep never takes a slot of the batch.
+SELECT u.id, u.email
+FROM public."user" u
+WHERE u.created_at < $1::timestamptz - make_interval(hours => $2::int)
+  AND NOT EXISTS (SELECT 1 FROM public.workspace_members m WHERE m.user_id = u.id)
+  AND NOT EXISTS (
+      SELECT 1 FROM public.session s WHERE s.user_id = u.id AND s.expires_at > $1::timestamptz)
+  AND NOT EXISTS (
+      SELECT 1 FROM public.invitations i
+      WHERE lower(i.email) = lower(u.email)
+        AND i.accepted_at IS NULL
+        AND i.revoked_at IS NULL
+        AND i.expires_at > $1::timestamptz)
+  AND NOT EXISTS (
+      SELECT 1 FROM jsonb_array_elements_text($3::jsonb) AS sa (email)
+      WHERE u.email_verified AND sa.email = lower(btrim(u.email)))
+  AND u.id IS DISTINCT FROM (
+      SELECT operator_user_id FROM public.instance_settings WHERE id = 1)
+  AND NOT EXISTS (
+      SELECT 1 FROM jsonb_array_elements_text($4::jsonb) AS skipped (id) WHERE skipped.id = u.id)
+ORDER BY u.created_at, u.id
+LIMIT $5
+"""
+
+LOCK_USER = """
+-- orphan-user-purge, inside the user's own transaction: FOR UPDATE conflicts with the FOR KEY
+-- SHARE lock that inserting a membership or a session takes on the user row, so an insert that
+-- is in flight makes this wait for its commit, and one that comes later waits for ours (then
+-- fails its foreign key: it can never survive as a row of a deleted user).
+SELECT id FROM public."user" WHERE id = $1 FOR UPDATE
+"""
+
+STILL_IN_USE = """
+-- orphan-user-purge re-check under the row lock, in a new snapshot: any membership row, or a
+-- session live at the run's clock $2, keeps the user.
+SELECT EXISTS (SELECT 1 FROM public.workspace_members WHERE user_id = $1)
+    OR EXISTS (
+        SELECT 1 FROM public.session WHERE user_id = $1 AND expires_at > $2::timestamptz)
+"""
+
+USER_TRANSACTION_LIMITS = """
+-- orphan-user-purge, first in each user's transaction: a user whose row or cascade targets stay
+-- locked by the app for seconds is skipped this run rather than stalling the sweep.
+SELECT set_config('lock_timeout', '5s', true), set_config('statement_timeout', '30s', true)
+"""
+
+DELETE_USER = """
+-- orphan-user-purge: the whole user; its sessions, accounts and memberships go by cascade.
+DELETE FROM public."user" WHERE id = $1
+"""
+
+AUDIT_ORPHAN_PURGE = """
+-- one instance-level system row per orphan-purge run that deleted any user.
+INSERT INTO public.audit_log
+    (workspace_id, actor_via, principal, action, resource_type, resource_id, metadata, created_at)
+VALUES (NULL, 'system', NULL, 'user.orphan_purge', 'user', NULL, $2::jsonb, $1::timestamptz)
+"""
+
+RECORD_RUN = """
+-- purge run record for `chassis-worker queues`; the queue's records older than 90 days go.
+WITH gone AS (
+    DELETE FROM {s}.purge_run
+    WHERE queue = $1 AND started_at < $3::timestamptz - interval '90 days'
+)
+INSERT INTO {s}.purge_run (queue, job_id, started_at, deleted, drained, details)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb)
+"""
+
+LAST_RUNS = """
+-- the newest run of each purge queue (index purge_run_latest).
+SELECT DISTINCT ON (queue) queue, started_at, finished_at, deleted, drained
+FROM {s}.purge_run
+ORDER BY queue, started_at DESC
+"""
+
+HAS_RUN_TABLE = """
+-- whether the database has the purge run record yet (an older release may not).
+SELECT to_regclass($1) IS NOT NULL
+"""
+
+
+def record_run(schema: str) -> str:
+    """:data:`RECORD_RUN` for the queue schema ``schema``."""
+    return RECORD_RUN.format(s=quoted(schema))
+
+
+def last_runs(schema: str) -> str:
+    """:data:`LAST_RUNS` for the queue schema ``schema``."""
+    return LAST_RUNS.format(s=quoted(schema))
+
+
+def run_table(schema: str) -> str:
+    """The qualified name of the run record table, for :data:`HAS_RUN_TABLE`."""
+    return f"{quoted(schema)}.purge_run"

@@ -1,0 +1,151 @@
+"""Held events for an operator: list them, make them due now, or discard them with an audit row."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import asyncpg
+
+from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, Sender
+
+from .holds import hold_reason
+from .sql import HeldStatements, render
+
+#: An event id token for data without one: ``job:<job id>``.
+JOB_PREFIX = "job:"
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which held events a command acts on: all, or these event ids and job ids."""
+
+    everything: bool = False
+    event_ids: tuple[str, ...] = ()
+    job_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, tokens: Iterable[str]) -> Selection:
+        """Event ids (ULIDs, any case) and ``job:<id>`` tokens; ``ValueError`` for a bad one."""
+        events: list[str] = []
+        jobs: list[int] = []
+        for token in tokens:
+            text = token.strip()
+            if text.lower().startswith(JOB_PREFIX):
+                number = text[len(JOB_PREFIX) :]
+                if not number.isdigit():
+                    raise ValueError(f"{token!r} is not job:<number>")
+                jobs.append(int(number))
+            elif text:
+                events.append(text.upper())
+            else:
+                raise ValueError("an empty id")
+        return cls(False, tuple(events), tuple(jobs))
+
+    def args(self) -> tuple[bool, list[str], list[int]]:
+        """The three statement parameters of a selection."""
+        return self.everything, list(self.event_ids), list(self.job_ids)
+
+    def missing(self, found: Iterable[str]) -> list[str]:
+        """The named ids none of ``found`` matched."""
+        seen = set(found)
+        named = [*self.event_ids, *(f"{JOB_PREFIX}{n}" for n in self.job_ids)]
+        return [token for token in named if token not in seen]
+
+
+EVERYTHING = Selection(everything=True)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRow:
+    """One held event as ``held list`` shows it."""
+
+    id: str
+    job_id: int
+    #: ``held``: on the held queue, about to be re-sent; ``waiting``: re-sent, due at ``due_at``.
+    status: Literal["held", "waiting"]
+    #: Why it was held (known while on the held queue).
+    reason: str | None
+    due_at: datetime
+    data: Any
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as ``held list --json`` prints it."""
+        data = self.data if isinstance(self.data, dict) else {}
+        return {
+            "id": self.id,
+            "job_id": self.job_id,
+            "status": self.status,
+            "reason": self.reason,
+            "due_at": self.due_at.isoformat(),
+            "meter": data.get("meter"),
+            "workspace_id": data.get("workspace_id"),
+            "quantity": data.get("quantity"),
+            "occurred_at": data.get("occurred_at"),
+        }
+
+
+class HeldStore:
+    """The held tools' reads and writes, each one transaction."""
+
+    def __init__(self, sender: Sender) -> None:
+        self._sender = sender
+        self._sql: HeldStatements = render(sender.schema)
+
+    async def listing(self, selection: Selection = EVERYTHING) -> list[HeldRow]:
+        """Every held event (or the selected ones), next due first."""
+        rows = await self._sender.pool.fetch(
+            self._sql.list_held, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args()
+        )
+        out = []
+        for row in rows:
+            data = json.loads(row["data"]) if row["data"] is not None else None
+            on_held = row["queue"] == USAGE_HELD_QUEUE
+            event_id = data.get("id") if isinstance(data, dict) else None
+            out.append(
+                HeldRow(
+                    id=event_id if isinstance(event_id, str) else f"{JOB_PREFIX}{row['job_id']}",
+                    job_id=row["job_id"],
+                    status="held" if on_held else "waiting",
+                    reason=hold_reason(row["singleton_key"]) if on_held else None,
+                    due_at=row["start_after"],
+                    data=data,
+                )
+            )
+        return out
+
+    async def redrive(self, selection: Selection, actor: str) -> list[str]:
+        """Make the selected held events due now; return their ids."""
+        async with self._sender.pool.acquire() as conn, conn.transaction():
+            waiting = await conn.fetch(self._sql.redrive_waiting, USAGE_QUEUE, *selection.args())
+            locked = await conn.fetch(self._sql.lock_held, USAGE_HELD_QUEUE, *selection.args())
+            if locked:
+                # Re-sent due now, with the usage send options, in this transaction: the held
+                # jobs are settled if and only if their events are back on the usage queue.
+                await self._sender.usage.resend(
+                    [json.loads(row["data"]) for row in locked], connection=conn
+                )
+                await conn.execute(self._sql.settle_held, [row["id"] for row in locked], actor)
+        return [row["event_id"] for row in [*waiting, *locked]]
+
+    async def discard(self, selection: Selection, actor: str) -> list[str]:
+        """Cancel the selected held events and write the audit row, in one transaction; return
+        the discarded ids (no row when nothing matched)."""
+        async with self._sender.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                self._sql.discard, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args(), actor
+            )
+            ids = sorted({row["event_id"] for row in rows})
+            if ids:
+                await _audit(conn, self._sql, actor, ids)
+        return ids
+
+
+async def _audit(
+    conn: asyncpg.Connection, sql: HeldStatements, actor: str, ids: Sequence[str]
+) -> None:
+    metadata = json.dumps({"ids": list(ids), "count": len(ids)})
+    await conn.execute(sql.audit, actor, metadata)
