@@ -195,8 +195,10 @@ async def test_idle_worker_writes_nothing_and_beats_only_while_holding_jobs(db_u
             assert await conn.fetchval("SELECT count(*) FROM jobs.worker") == 0
         finally:
             await conn.close()
-        # POLL_INTERVAL_SECONDS=0.5 over 6 s: 12 probes, plus our own 3 statements and slack.
-        assert after - before <= 12 + 3 + 3, after - before
+        # POLL_INTERVAL_SECONDS=0.5 over 6 s: 12 probes for all 7 queues together. The database
+        # counter also sees our own statements and autovacuum, so allow slack; polling each
+        # queue on its own would be 84. `make bench` measures the exact figure.
+        assert after - before <= 24, after - before
         async with Sender.connect(db_url, max_size=1) as sender:
             await sender.send("tool-work", {"sleep": 1.5})
 
