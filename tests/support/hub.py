@@ -71,7 +71,7 @@ class Hub:
         self.refuse_ids: set[str] = set()
         #: Seconds between recording a batch and answering it (a slow hub).
         self.answer_delay = 0.0
-        #: Set each time a batch arrives (a test waits on it to act "mid-batch").
+        #: Set each time a batch is recorded (a test waits on it to act "mid-batch").
         self.batch_arrived = threading.Event()
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
@@ -170,7 +170,6 @@ class Hub:
             self.state.authorizations.add(request.headers.get("authorization", ""))
             self.state.content_types.add(request.headers.get("content-type", ""))
             mode = self.mode
-        self.batch_arrived.set()
         if mode == "hang":
             await asyncio.sleep(self.hang_seconds)
             return self._answer(503, {"error": "hung"})
@@ -184,6 +183,9 @@ class Hub:
         if mode == "malformed":
             return self._answer(200, {"accepted": "everything"})
         answer = self._record(events)
+        # Set once the batch is recorded: a test that kills the poster now kills it mid-batch,
+        # after the hub took the events and before the poster read the answer.
+        self.batch_arrived.set()
         if answer is None:
             return self._answer(400, {"error": "invalid event"})
         if self.answer_delay:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.hub import Hub
-from tests.support.processes import Daemon
+from tests.support.processes import Daemon, start_daemon
 from worker.install import install_queues
 from worker.jobs.usage import usage_jobs
 from worker.queue.jobs import ClaimedJob
@@ -75,3 +79,61 @@ def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
     for daemon in started:
         if daemon.process.poll() is None:
             daemon.stop(timeout=15)
+
+
+def fetch(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    """Run one query on ``url`` from synchronous test code."""
+
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(url)
+        try:
+            rows: list[asyncpg.Record] = await conn.fetch(query, *args)
+            return rows
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def ingest(
+    daemon: Daemon, body: Any, *, token: str | None = TOKEN, path: str = "/v1/usage-events"
+) -> httpx.Response:
+    """POST ``body`` as JSON to the daemon with the bearer token (``None``: no header)."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    return httpx.post(daemon.url(path), json=body, headers=headers, timeout=15)
+
+
+def start(
+    daemons: list[Daemon], url: str, log_dir: Path, *, role: str = "all", **env: str
+) -> Daemon:
+    """Start a daemon with the fast usage settings (plus ``env``) and wait until ready."""
+    daemon = start_daemon(url, log_dir, role=role, env={**FAST_USAGE, **env}, name=role)
+    daemons.append(daemon)
+    daemon.wait_ready(60)
+    return daemon
+
+
+def metric(daemon: Daemon, name: str, **labels: str) -> float:
+    """One sample of the daemon's /metrics (0 when absent)."""
+    status, text = daemon.get("/metrics")
+    assert status == 200
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def log_events(daemon: Daemon, name: str) -> list[dict[str, Any]]:
+    """The daemon's JSON log lines with event ``name``."""
+    return [e for e in daemon.events() if e.get("event") == name]

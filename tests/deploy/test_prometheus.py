@@ -1,0 +1,149 @@
+"""config/prometheus.yml and config/alerts.yml checked by promtool and against a live /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.files import CONFIG, PROMTOOL_MISSING, ROOT, promtool
+from tests.support.processes import start_daemon
+
+ALERTS = CONFIG / "alerts.yml"
+ALERT_TESTS = Path(__file__).with_name("alerts_test.yml")
+
+needs_promtool = pytest.mark.skipif(promtool() is None, reason=PROMTOOL_MISSING)
+
+#: PromQL words that are not metric names.
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
+#: Series Prometheus makes itself.
+SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+
+
+def run_promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run promtool from the repository root."""
+    binary = promtool()
+    assert binary is not None
+    return subprocess.run(
+        [binary, *args], input=stdin, capture_output=True, cwd=ROOT, timeout=60, check=False
+    )
+
+
+def alert_expressions() -> dict[str, str]:
+    """Each alert's name and PromQL expression."""
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
+
+
+def metric_names(expression: str) -> set[str]:
+    """The metric names a PromQL expression reads."""
+    text = re.sub(r'"[^"]*"', "", expression)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    names = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", text))
+    return {n for n in names if n.lower() not in PROMQL_WORDS and not n[0].isdigit()}
+
+
+def test_alerts_cover_the_promised_signals() -> None:
+    """There are alerts on held usage by reason, oldest waiting job age, failed jobs, readiness,
+    scrape health and lease-lost writes."""
+    used = set().union(*(metric_names(e) for e in alert_expressions().values()))
+    for metric in (
+        "usage_events_held_total",
+        "queue_oldest_waiting_seconds",
+        "jobs_failed_total",
+        "worker_ready",
+        "up",
+        "jobs_lease_lost_total",
+    ):
+        assert metric in used, metric
+    held = [e for e in alert_expressions().values() if "usage_events_held_total" in e]
+    assert {"retry_budget", "occurred_at_window"} <= {
+        r for e in held for r in re.findall(r'reason="(\w+)"', e)
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_alerts_read_metrics_a_live_daemon_serves(db_url: str, tmp_path) -> None:
+    """Every metric an alert reads is exposed by a running worker's /metrics (a renamed metric
+    would leave its alert silent forever)."""
+    text = await scrape_worker(db_url, tmp_path)
+    exposed = set(re.findall(r"^# TYPE (\S+) ", text, flags=re.MULTILINE))
+    # The text format names a counter's family without _total in some clients; accept both.
+    exposed |= {f"{name}_total" for name in exposed}
+    for alert, expression in alert_expressions().items():
+        missing = metric_names(expression) - exposed - SYNTHETIC
+        assert not missing, f"{alert} reads metrics nobody serves: {sorted(missing)}"
+
+
+async def scrape_worker(db_url: str, tmp_path: Path) -> str:
+    """Boot a worker, wait until ready, and return one /metrics scrape."""
+    daemon = start_daemon(db_url, tmp_path, role="worker", name="metrics")
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 30)
+        with urllib.request.urlopen(daemon.url("/metrics"), timeout=5) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain")
+            body: str = response.read().decode()
+        assert daemon.stop() == 0
+        return body
+    finally:
+        daemon.kill()
+
+
+@needs_promtool
+def test_promtool_checks_the_prometheus_config() -> None:
+    """promtool accepts config/prometheus.yml, including the rule files it names."""
+    done = run_promtool("check", "config", "config/prometheus.yml")
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()
+    assert b"1 rule files found" in done.stdout
+
+
+@needs_promtool
+def test_promtool_checks_the_alert_rules() -> None:
+    """promtool accepts config/alerts.yml."""
+    done = run_promtool("check", "rules", "config/alerts.yml")
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()
+    assert f"{len(alert_expressions())} rules found".encode() in done.stdout
+
+
+@needs_promtool
+def test_promtool_alert_unit_tests_pass() -> None:
+    """The alert rules fire, and stay quiet, as tests/deploy/alerts_test.yml says."""
+    done = run_promtool("test", "rules", str(ALERT_TESTS.relative_to(ROOT)))
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()
+    tested = set(re.findall(r"alertname: (\w+)", ALERT_TESTS.read_text()))
+    untested = set(alert_expressions()) - tested
+    assert not untested, f"alerts without a unit test: {sorted(untested)}"
+
+
+@needs_promtool
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_promtool_checks_a_live_metrics_scrape(db_url: str, tmp_path) -> None:
+    """promtool finds nothing to complain about in a running worker's /metrics."""
+    text = await scrape_worker(db_url, tmp_path)
+    done = run_promtool("check", "metrics", stdin=text.encode())
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()
+    assert done.stdout.strip() == b"", done.stdout.decode()

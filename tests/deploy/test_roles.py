@@ -1,0 +1,337 @@
+"""config/roles.sql on a real PostgreSQL: an enqueue-only api role, an installing worker role."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from api_sender import Sender, UsageEvent
+from tests.deploy.files import ROLES_SQL
+from tests.support.postgres import create_database, drop_database, with_database
+from tests.support.processes import Daemon, run_cli, start_daemon
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("psql") is None, reason="psql (postgresql-client) needed"),
+]
+
+PASSWORD = "pw-roles-test"
+TOKEN = "roles-test-token"
+#: The chassis tables of contract section 8 (in public).
+CHASSIS_TABLES = (
+    "user",
+    "session",
+    "account",
+    "workspace_members",
+    "invitations",
+    "instance_settings",
+    "audit_log",
+    "api_keys",
+    "idempotency_keys",
+)
+
+
+@dataclass(frozen=True)
+class Roles:
+    """A pair of role names unique to one test (roles are cluster-wide)."""
+
+    api: str
+    worker: str
+
+
+@pytest.fixture
+async def roles(admin_url: str) -> AsyncIterator[Roles]:
+    """Fresh role names; the roles are dropped after the test's databases are gone."""
+    suffix = uuid.uuid4().hex[:10]
+    names = Roles(api=f"chassis_api_t{suffix}", worker=f"chassis_worker_t{suffix}")
+    yield names
+    admin = await asyncpg.connect(admin_url)
+    try:
+        for role in (names.api, names.worker):
+            await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def migrated_db(roles: Roles, admin_url: str, template_name: str) -> AsyncIterator[str]:
+    """A database migrated by the superuser (before any role existed); dropped before the roles."""
+    name = await create_database(admin_url, template_name)
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        await drop_database(admin_url, name)
+
+
+@pytest.fixture
+async def fresh_db(roles: Roles, admin_url: str) -> AsyncIterator[str]:
+    """An empty database; dropped before the roles."""
+    name = await create_database(admin_url, None)
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        await drop_database(admin_url, name)
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` with ``role`` (and the test password) as the user."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{role}:{PASSWORD}@{host}:{parts.port or 5432}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def apply_roles(
+    connect_url: str, roles: Roles, *, passwords: bool = True, **variables: str
+) -> subprocess.CompletedProcess[str]:
+    """Run config/roles.sql with psql as an operator would; fail the test if psql fails."""
+    argv = ["psql", connect_url, "-X", "-v", "ON_ERROR_STOP=1"]
+    settings = {"api_role": roles.api, "worker_role": roles.worker, **variables}
+    if passwords:
+        settings.update(api_password=PASSWORD, worker_password=PASSWORD)
+    for name, value in settings.items():
+        argv += ["-v", f"{name}={value}"]
+    done = subprocess.run(
+        [*argv, "-f", str(ROLES_SQL)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def post(daemon: Daemon, path: str, body: Any, token: str | None = TOKEN) -> tuple[int, Any]:
+    """POST JSON to the daemon; (status, decoded body)."""
+    request = urllib.request.Request(
+        daemon.url(path), data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def owners(conn: asyncpg.Connection, schema: str) -> set[str]:
+    """Every owner of the schema, its relations and its types."""
+    rows = await conn.fetch(
+        """
+        SELECT pg_get_userbyid(nspowner) AS owner FROM pg_namespace WHERE nspname = $1
+        UNION SELECT pg_get_userbyid(relowner) FROM pg_class
+              WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'S', 'v', 'm', 'p')
+        UNION SELECT pg_get_userbyid(typowner) FROM pg_type
+              WHERE typnamespace = $1::regnamespace AND typtype = 'e'
+        """,
+        schema,
+    )
+    return {row["owner"] for row in rows}
+
+
+async def refused(conn: asyncpg.Connection, statement: str) -> bool:
+    """Whether ``statement`` fails for lack of privilege (rolled back either way)."""
+    try:
+        async with conn.transaction():
+            await conn.execute(statement)
+    except asyncpg.InsufficientPrivilegeError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_api_role_ingests_and_enqueues_but_cannot_delete_or_create(
+    migrated_db: str, admin_url: str, roles: Roles, tmp_path
+) -> None:
+    """On a database a superuser migrated, roles.sql hands the queue schema to the worker role,
+    the worker role installs, and the api role boots ready, ingests over HTTP and enqueues
+    through api_sender, yet cannot CREATE, DELETE, TRUNCATE or DROP."""
+    dbname = urlsplit(migrated_db).path.lstrip("/")
+    # Connected to the maintenance database: roles.sql reconnects to -v dbname itself.
+    apply_roles(admin_url, roles, dbname=dbname)
+    admin = await asyncpg.connect(migrated_db)
+    try:
+        assert await owners(admin, "jobs") == {roles.worker}
+    finally:
+        await admin.close()
+
+    worker_url, api_url = as_role(migrated_db, roles.worker), as_role(migrated_db, roles.api)
+    done = await asyncio.to_thread(run_cli, worker_url, "migrate", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    daemon = start_daemon(api_url, tmp_path, role="api", name="api", env={"INGEST_TOKEN": TOKEN})
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 30)
+        event = {
+            "meter": "api.calls",
+            "quantity": 3,
+            "occurred_at": "2026-01-01T00:00:00+00:00",
+            "workspace_id": "w1",
+        }
+        status, body = await asyncio.to_thread(post, daemon, "/v1/usage-events", event)
+        assert status == 202, body
+        assert body["accepted"] == 1
+        status, body = await asyncio.to_thread(
+            post, daemon, "/v1/jobs/audit-purge", {"data": {"from": "http"}}
+        )
+        assert status == 202, body
+
+        async with Sender.connect(api_url, max_size=2) as sender:
+            sent = await sender.send("audit-purge", {"from": "sender"})
+            many = await sender.send_many("audit-purge", [{"n": 1}, {"n": 2}])
+            timer = await sender.timers.schedule("audit-purge", delay_seconds=3600, key="t")
+            assert await sender.timers.cancel("audit-purge", "t") is True
+            emitted = await sender.usage.emit(UsageEvent("api.calls", 1, "w1"))
+        assert sent is not None
+        assert len(many) == 2
+        assert timer
+        assert emitted is not None
+
+        api = await asyncpg.connect(api_url)
+        try:
+            assert await refused(api, "CREATE TABLE jobs.intruder (id int)")
+            assert await refused(api, "CREATE SCHEMA intruder")
+            assert await refused(api, "DELETE FROM jobs.job")
+            assert await refused(api, "TRUNCATE jobs.job")
+            assert await refused(api, "DROP TABLE jobs.job")
+            assert await refused(api, "ALTER TABLE jobs.job ADD COLUMN x int")
+            assert await refused(api, "SELECT count(*) FROM public.audit_log")
+            assert await api.fetchval("SELECT has_schema_privilege('jobs', 'CREATE')") is False
+        finally:
+            await api.close()
+
+        admin = await asyncpg.connect(migrated_db)
+        try:
+            counts = dict(await admin.fetch("SELECT queue, count(*) FROM jobs.job GROUP BY queue"))
+            assert counts == {"usage-events": 2, "audit-purge": 5}
+            for table in CHASSIS_TABLES:
+                granted = await admin.fetchval(
+                    "SELECT has_table_privilege($1, format('public.%I', $2::text), "
+                    "'SELECT, INSERT, UPDATE, DELETE')",
+                    roles.worker,
+                    table,
+                )
+                assert granted is True, table
+        finally:
+            await admin.close()
+        assert daemon.stop() == 0, daemon.logs()
+    finally:
+        daemon.kill()
+
+    # The worker role does the purges' work on superuser-owned chassis tables.
+    worker = await asyncpg.connect(worker_url)
+    try:
+        await worker.execute(
+            "INSERT INTO public.audit_log (actor_via, action, resource_type, created_at) "
+            "VALUES ('test', 'x', 'y', now() - interval '400 days')"
+        )
+        assert await worker.execute("DELETE FROM public.audit_log") == "DELETE 1"
+    finally:
+        await worker.close()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_worker_role_installs_an_empty_database_then_api_role_ingests(
+    fresh_db: str, roles: Roles, tmp_path
+) -> None:
+    """With roles.sql applied to an empty database (custom JOBS_SCHEMA), a worker booted as the
+    worker role installs everything it owns, and an api booted as the api role ingests into the
+    tables created after roles.sql ran."""
+    schema = "chassis_q"
+    apply_roles(fresh_db, roles, jobs_schema=schema)
+    env = {"JOBS_SCHEMA": schema}
+    worker = start_daemon(as_role(fresh_db, roles.worker), tmp_path, role="worker", env=env)
+    daemons = [worker]
+    try:
+        await asyncio.to_thread(worker.wait_ready, 30)
+        api = start_daemon(
+            as_role(fresh_db, roles.api),
+            tmp_path,
+            role="api",
+            name="api",
+            env={**env, "INGEST_TOKEN": TOKEN},
+        )
+        daemons.append(api)
+        await asyncio.to_thread(api.wait_ready, 30)
+        event = {
+            "meter": "api.calls",
+            "quantity": 1,
+            "occurred_at": "2026-01-01T00:00:00Z",
+            "workspace_id": "w1",
+        }
+        status, body = await asyncio.to_thread(post, api, "/v1/usage-events", {"events": [event]})
+        assert status == 202, body
+
+        admin = await asyncpg.connect(fresh_db)
+        try:
+            assert await owners(admin, schema) == {roles.worker}
+            queues = {r["name"] for r in await admin.fetch(f"SELECT name FROM {schema}.queue")}
+            assert {"usage-events", "usage-events-held", "audit-purge"} <= queues
+            table_owners = {
+                r["tableowner"]
+                for r in await admin.fetch(
+                    "SELECT tableowner FROM pg_tables WHERE schemaname = 'public' "
+                    "AND tablename = ANY($1::text[])",
+                    list(CHASSIS_TABLES),
+                )
+            }
+            assert table_owners == {roles.worker}
+        finally:
+            await admin.close()
+        for daemon in daemons:
+            assert daemon.stop() == 0, daemon.logs()
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+
+
+ACL_SNAPSHOT = """
+SELECT json_build_object(
+  'roles', (SELECT json_agg(json_build_object('name', rolname, 'super', rolsuper,
+            'createdb', rolcreatedb, 'createrole', rolcreaterole, 'login', rolcanlogin,
+            'replication', rolreplication, 'bypassrls', rolbypassrls,
+            'password', rolpassword) ORDER BY rolname)
+            FROM pg_authid WHERE rolname = ANY($1::text[])),
+  'database', (SELECT datacl::text FROM pg_database WHERE datname = current_database()),
+  'schemas', (SELECT json_agg(json_build_object(nspname, nspacl::text,
+              'owner', pg_get_userbyid(nspowner)) ORDER BY nspname)
+              FROM pg_namespace WHERE nspname IN ('jobs', 'public')),
+  'tables', (SELECT json_agg(json_build_object(relname, relacl::text,
+             'owner', pg_get_userbyid(relowner)) ORDER BY relname)
+             FROM pg_class WHERE relnamespace IN ('jobs'::regnamespace, 'public'::regnamespace)),
+  'defaults', (SELECT json_agg(defaclacl::text ORDER BY defaclobjtype) FROM pg_default_acl)
+)::text
+"""
+
+
+@pytest.mark.slow
+async def test_roles_sql_is_idempotent_and_grants_no_special_powers(
+    migrated_db: str, roles: Roles
+) -> None:
+    """A second run of roles.sql (without passwords) changes nothing, keeps the passwords, and
+    both roles are plain login roles."""
+    apply_roles(migrated_db, roles)
+    admin = await asyncpg.connect(migrated_db)
+    try:
+        first = await admin.fetchval(ACL_SNAPSHOT, [roles.api, roles.worker])
+        apply_roles(migrated_db, roles, passwords=False)
+        second = await admin.fetchval(ACL_SNAPSHOT, [roles.api, roles.worker])
+        assert json.loads(second) == json.loads(first)
+        for role in json.loads(first)["roles"]:
+            assert role["login"] is True
+            assert role["password"] is not None
+            for power in ("super", "createdb", "createrole", "replication", "bypassrls"):
+                assert role[power] is False, (role["name"], power)
+    finally:
+        await admin.close()

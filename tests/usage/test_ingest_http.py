@@ -1,0 +1,308 @@
+"""The /v1 HTTP surface of a real api process: auth, limits, validation, all-or-nothing, jobs
+and timers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from api_sender import create_pool, new_ulid
+from tests.support.dbproxy import DatabaseProxy
+from tests.support.postgres import create_database, drop_database, with_database
+from tests.support.processes import Daemon, free_port, run_cli, start_daemon
+from tests.support.queues import make_queue
+from tests.usage.conftest import FAST_USAGE, TOKEN, fetch, ingest, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("usage-ingest")]
+
+
+@pytest.fixture(scope="module")
+def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
+    """One installed database for this module, with a tool queue and a short-policy queue."""
+    name = asyncio.run(create_database(admin_url, template_name))
+    url = with_database(admin_url, name)
+    assert run_cli(url, "migrate").returncode == 0
+
+    async def queues() -> None:
+        pool = await create_pool(url, max_size=1)
+        try:
+            await make_queue(pool, "reports")
+            await make_queue(pool, "once", policy="short")
+        finally:
+            await pool.close()
+
+    asyncio.run(queues())
+    try:
+        yield url
+    finally:
+        asyncio.run(drop_database(admin_url, name))
+
+
+@pytest.fixture(scope="module")
+def api(shared_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """An api-role process (no worker: what is enqueued stays visible) with USAGE_RETRY_LIMIT=4."""
+    daemon = start_daemon(
+        shared_db,
+        tmp_path_factory.mktemp("api"),
+        role="api",
+        env={**FAST_USAGE, "USAGE_RETRY_LIMIT": "4", "USAGE_RETRY_DELAY_SECONDS": "7"},
+    )
+    try:
+        daemon.wait_ready(60)
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def _event(**extra: object) -> dict[str, object]:
+    return {"meter": "api.calls", "quantity": 1, "workspace_id": "w1", **extra} | {
+        "occurred_at": extra.get("occurred_at", "2024-05-01T12:00:00Z")
+    }
+
+
+def _stored(url: str, ids: list[str]) -> list[asyncpg.Record]:
+    return fetch(
+        url,
+        "SELECT data->>'id' AS id, singleton_key, retry_limit, retry_delay, retry_backoff "
+        "FROM jobs.job WHERE data->>'id' = ANY($1::text[]) ORDER BY id",
+        ids,
+    )
+
+
+def test_one_event_is_accepted_and_enqueued_with_usage_options(api: Daemon, shared_db: str) -> None:
+    """A single event answers 202 with its generated id; the job carries the usage options."""
+    response = ingest(api, _event())
+    assert response.status_code == 202
+    body = response.json()
+    assert body["accepted"] == 1
+    (event_id,) = body["ids"]
+    rows = _stored(shared_db, [event_id])
+    assert [tuple(r.values()) for r in rows] == [(event_id, event_id, 4, 7, True)]
+
+
+def test_a_batch_keeps_given_ids_in_order(api: Daemon, shared_db: str) -> None:
+    """{"events": [...]} of 1000 answers every id in order, given ids kept, all stored."""
+    given = new_ulid()
+    events = [_event(id=given), *(_event(quantity=i) for i in range(999))]
+    response = ingest(api, {"events": events})
+    assert response.status_code == 202
+    ids = response.json()["ids"]
+    assert len(ids) == 1000
+    assert ids[0] == given
+    assert len(_stored(shared_db, ids)) == 1000
+
+
+def test_one_invalid_event_refuses_the_whole_batch(api: Daemon, shared_db: str) -> None:
+    """A batch with one bad event answers 400 naming index and field; nothing is enqueued."""
+    ids = [new_ulid() for _ in range(5)]
+    events = [_event(id=i) for i in ids]
+    events[3]["quantity"] = -1
+    events[4]["occurred_at"] = "2024-05-01T12:00:00"
+    response = ingest(api, {"events": events})
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert {(e["index"], e["field"]) for e in errors} == {(3, "quantity"), (4, "occurred_at")}
+    assert _stored(shared_db, ids) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"events": []}, "events"),
+        ({"events": [_event()] * 1001}, "events"),
+        ({"events": "x"}, "events"),
+        ({"events": [_event()], "extra": 1}, "extra"),
+        (_event(colour="red"), "colour"),
+        ({"events": [1]}, "(event)"),
+    ],
+)
+def test_malformed_bodies_answer_400_with_the_field(api: Daemon, body: object, field: str) -> None:
+    """Empty, oversized, non-list batches, unknown fields and non-objects are named in the 400."""
+    response = ingest(api, body)
+    assert response.status_code == 400
+    assert field in {e["field"] for e in response.json()["errors"]}
+
+
+def test_the_same_id_twice_is_refused(api: Daemon) -> None:
+    """Two events with one id in one request answer 400 on the second."""
+    same = new_ulid()
+    response = ingest(api, {"events": [_event(id=same), _event(id=same)]})
+    assert response.status_code == 400
+    assert response.json()["errors"] == [
+        {"field": "id", "message": "the same id appears twice in this request", "index": 1}
+    ]
+
+
+@pytest.mark.parametrize("raw", [b"{nope", b"[1, 2]", b'{"meter": NaN}', b""])
+def test_non_json_and_non_objects_answer_400(api: Daemon, raw: bytes) -> None:
+    """Invalid JSON, NaN, an array or an empty body answer 400."""
+    response = httpx.post(
+        api.url("/v1/usage-events"),
+        content=raw,
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}],
+)
+def test_missing_or_wrong_token_answers_401(api: Daemon, headers: dict[str, str]) -> None:
+    """No token, a wrong one or another scheme answer 401 on every /v1 route."""
+    for method, path in [
+        ("POST", "/v1/usage-events"),
+        ("POST", "/v1/jobs/reports"),
+        ("DELETE", "/v1/timers/reports/k"),
+        ("GET", "/v1/nothing-here"),
+    ]:
+        response = httpx.request(method, api.url(path), headers=headers, json=_event())
+        assert response.status_code == 401, (method, path)
+
+
+def test_a_body_over_1_mib_is_413_by_header(api: Daemon) -> None:
+    """A declared Content-Length above 1 MiB answers 413 before the body is read."""
+    raw = b'{"events": [' + b" " * (1 << 20) + b"]}"
+    response = httpx.post(
+        api.url("/v1/usage-events"),
+        content=raw,
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 413
+
+
+def test_a_chunked_body_over_1_mib_is_413_while_reading(api: Daemon) -> None:
+    """A body without Content-Length is cut off at 1 MiB read and answers 413."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"events": ['
+        for _ in range(40):
+            yield b" " * 32768
+
+    response = httpx.post(
+        api.url("/v1/usage-events"),
+        content=chunks(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 413
+
+
+def test_post_job_answers_202_404_400_409(api: Daemon, shared_db: str) -> None:
+    """A job on an installed queue is stored; unknown queues 404; bad fields 400; a refused
+    singleton key 409."""
+    response = ingest(
+        api,
+        {"data": {"r": 1}, "start_after_seconds": 60, "singleton_key": "k", "priority": 5},
+        path="/v1/jobs/reports",
+    )
+    assert response.status_code == 202
+    job_id = response.json()["id"]
+    row = fetch(
+        shared_db,
+        "SELECT data, singleton_key, priority, start_after > now() AS later FROM jobs.job "
+        "WHERE id = $1",
+        job_id,
+    )[0]
+    assert (json.loads(row["data"]), row["singleton_key"], row["priority"], row["later"]) == (
+        {"r": 1},
+        "k",
+        5,
+        True,
+    )
+    assert ingest(api, {"data": {}}, path="/v1/jobs/nope").status_code == 404
+    for bad in ({"data": 1}, {"data": {}, "priority": "high"}, {"data": {}, "x": 1}, {}):
+        assert ingest(api, bad, path="/v1/jobs/reports").status_code == 400, bad
+    assert ingest(api, {"data": {}}, path="/v1/jobs/usage-events").status_code == 400
+    first = ingest(api, {"data": {}, "singleton_key": "one"}, path="/v1/jobs/once")
+    assert first.status_code == 202
+    again = ingest(api, {"data": {}, "singleton_key": "one"}, path="/v1/jobs/once")
+    assert again.status_code == 409
+
+
+def test_timers_schedule_replace_and_cancel(api: Daemon, shared_db: str) -> None:
+    """A keyed timer replaces the pending one; DELETE cancels it (204), then finds none (404)."""
+    at = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    first = ingest(api, {"at": at, "data": {"n": 1}, "key": "t1"}, path="/v1/timers/reports")
+    second = ingest(
+        api, {"delay_seconds": 30, "data": {"n": 2}, "key": "t1"}, path="/v1/timers/reports"
+    )
+    assert (first.status_code, second.status_code) == (202, 202)
+    states = fetch(
+        shared_db,
+        "SELECT id, state::text FROM jobs.job WHERE id = ANY($1::bigint[]) ORDER BY id",
+        [first.json()["id"], second.json()["id"]],
+    )
+    assert [s["state"] for s in states] == ["cancelled", "created"]
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.delete(api.url("/v1/timers/reports/t1"), headers=headers).status_code == 204
+    assert httpx.delete(api.url("/v1/timers/reports/t1"), headers=headers).status_code == 404
+    for bad in (
+        {"at": "2030-01-01T00:00:00"},
+        {"at": at, "delay_seconds": 1},
+        {},
+        {"delay_seconds": -1},
+    ):
+        assert ingest(api, bad, path="/v1/timers/reports").status_code == 400, bad
+    assert ingest(api, {"delay_seconds": 1}, path="/v1/timers/nope").status_code == 404
+
+
+def test_unset_token_answers_403_everywhere(shared_db: str, tmp_path: Path) -> None:
+    """Without INGEST_TOKEN every /v1 request answers 403 ingest disabled, token or not."""
+    env = {k: v for k, v in FAST_USAGE.items() if k != "INGEST_TOKEN"}
+    daemon = start_daemon(shared_db, tmp_path, role="api", env=env)
+    try:
+        daemon.wait_ready(60)
+        for path in ("/v1/usage-events", "/v1/jobs/reports", "/v1/anything"):
+            response = ingest(daemon, _event(), path=path)
+            assert response.status_code == 403
+            assert response.json() == {"error": "ingest disabled"}
+    finally:
+        daemon.stop()
+
+
+def test_a_worker_process_answers_404_on_v1(shared_db: str, tmp_path: Path) -> None:
+    """The worker role serves no ingest: /v1 is 404 even with the token."""
+    daemon = start_daemon(shared_db, tmp_path, role="worker", env=FAST_USAGE)
+    try:
+        daemon.wait_ready(60)
+        assert ingest(daemon, _event()).status_code == 404
+    finally:
+        daemon.stop()
+
+
+def test_database_down_answers_503_and_enqueues_nothing(shared_db: str, tmp_path: Path) -> None:
+    """With the database cut off, ingest answers 503 and stores nothing; once it is back, 202."""
+    proxy = DatabaseProxy(shared_db)
+    daemon = start_daemon(proxy.url, tmp_path, role="api", env=FAST_USAGE)
+    try:
+        daemon.wait_ready(60)
+        proxy.cut()
+        ids = [new_ulid() for _ in range(3)]
+        response = ingest(daemon, {"events": [_event(id=i) for i in ids]})
+        assert response.status_code == 503
+        assert response.json()["error"] == "database unreachable"
+        proxy.restore()
+        assert _stored(shared_db, ids) == []
+        assert ingest(daemon, {"events": [_event(id=i) for i in ids]}).status_code == 202
+        assert len(_stored(shared_db, ids)) == 3
+    finally:
+        daemon.stop()
+        proxy.close()
+
+
+def test_database_unreachable_at_boot_answers_503(tmp_path: Path) -> None:
+    """An api process whose database never answered yet refuses ingest with 503."""
+    dead = f"postgresql://postgres@127.0.0.1:{free_port()}/none"
+    daemon = start_daemon(dead, tmp_path, role="api", env=FAST_USAGE)
+    try:
+        wait_until(lambda: daemon.get("/healthz")[0] == 200, 30, "/healthz")
+        assert ingest(daemon, _event()).status_code == 503
+    finally:
+        daemon.stop()
