@@ -6,7 +6,7 @@ import asyncpg
 
 from . import sql
 from .batches import BatchLimits, drain
-from .runs import PurgeBody, PurgeRun
+from .runs import PurgeBody, PurgeRun, span
 
 AUDIT_LIMITS = BatchLimits(batch_size=5000)
 
@@ -21,7 +21,7 @@ async def purge_audit_log(
     if retention_days <= 0:
         run.retention = "disabled"
         return
-    run.retention = f"{retention_days} days"
+    run.retention = span(retention_days, "day")
     await drain(conn, run, sql.DELETE_AUDIT_BATCH, (run.now, retention_days), limits)
 
 

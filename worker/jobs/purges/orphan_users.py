@@ -12,7 +12,7 @@ import structlog
 
 from . import sql
 from .batches import BatchLimits
-from .runs import PurgeBody, PurgeRun
+from .runs import PurgeBody, PurgeRun, span
 
 log = structlog.get_logger("worker.purge")
 
@@ -69,7 +69,7 @@ async def purge_orphan_users(conn: asyncpg.Connection, run: PurgeRun, rule: Orph
     if rule.retention_hours <= 0:
         run.retention = "disabled"
         return
-    run.retention = f"{rule.retention_hours} hours"
+    run.retention = span(rule.retention_hours, "hour")
     limits = rule.limits
     # One jsonb parameter, never a driver-serialised array, in a query that decides deletions.
     superadmins = json.dumps(sorted(rule.superadmins))

@@ -86,3 +86,8 @@ async def run_purge(
         **run.details,
     )
     return run
+
+
+def span(amount: int, unit: str) -> str:
+    """A retention as logged: ``"1 hour"``, ``"30 days"``."""
+    return f"{amount} {unit}" if amount == 1 else f"{amount} {unit}s"
