@@ -46,7 +46,7 @@
   \set jobs_schema jobs
 \endif
 \if :{?dbname}
-  \connect :dbname
+  \connect :"dbname"
 \endif
 
 SELECT current_database() AS dbname \gset
@@ -88,17 +88,18 @@ SET chassis.worker_role TO :'worker_role';
 -- before the roles existed keeps working, and later migrations (run as the worker) may alter it.
 DO $roles$
 DECLARE
-    s   text := current_setting('chassis.jobs_schema');
-    w   text := current_setting('chassis.worker_role');
-    ns  oid  := (SELECT oid FROM pg_namespace WHERE nspname = current_setting('chassis.jobs_schema'));
-    r   record;
+    s     text := current_setting('chassis.jobs_schema');
+    w     text := current_setting('chassis.worker_role');
+    ns    oid  := (SELECT oid FROM pg_namespace WHERE nspname = s);
+    owner_oid oid := (SELECT oid FROM pg_roles WHERE rolname = w);
+    r     record;
 BEGIN
     EXECUTE format('ALTER SCHEMA %I OWNER TO %I', s, w);
     -- Tables, views and foreign tables (their identity and serial sequences follow them).
     FOR r IN
         SELECT c.relname, c.relkind FROM pg_class c
         WHERE c.relnamespace = ns AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
-          AND c.relowner <> w::regrole
+          AND c.relowner <> owner_oid
     LOOP
         EXECUTE format(
             'ALTER %s %I.%I OWNER TO %I',
@@ -109,7 +110,7 @@ BEGIN
     -- Free-standing sequences (not owned by a column).
     FOR r IN
         SELECT c.relname FROM pg_class c
-        WHERE c.relnamespace = ns AND c.relkind = 'S' AND c.relowner <> w::regrole
+        WHERE c.relnamespace = ns AND c.relkind = 'S' AND c.relowner <> owner_oid
           AND NOT EXISTS (
               SELECT FROM pg_depend d
               WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
@@ -121,7 +122,7 @@ BEGIN
     FOR r IN
         SELECT t.typname, t.typtype FROM pg_type t
         LEFT JOIN pg_class c ON c.oid = t.typrelid
-        WHERE t.typnamespace = ns AND t.typowner <> w::regrole
+        WHERE t.typnamespace = ns AND t.typowner <> owner_oid
           AND (t.typtype IN ('e', 'd', 'r') OR (t.typtype = 'c' AND c.relkind = 'c'))
     LOOP
         EXECUTE format('ALTER %s %I.%I OWNER TO %I',
@@ -130,7 +131,7 @@ BEGIN
     -- Functions, procedures and aggregates.
     FOR r IN
         SELECT p.oid::regprocedure AS routine FROM pg_proc p
-        WHERE p.pronamespace = ns AND p.proowner <> w::regrole
+        WHERE p.pronamespace = ns AND p.proowner <> owner_oid
     LOOP
         EXECUTE format('ALTER ROUTINE %s OWNER TO %I', r.routine, w);
     END LOOP;

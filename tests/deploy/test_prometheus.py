@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from api_sender import Sender, create_pool
 from tests.deploy.files import CONFIG, PROMTOOL_MISSING, ROOT, promtool
 from tests.support.processes import start_daemon
+from tests.support.queues import make_queue
 
 ALERTS = CONFIG / "alerts.yml"
 ALERT_TESTS = Path(__file__).with_name("alerts_test.yml")
@@ -147,3 +149,44 @@ async def test_promtool_checks_a_live_metrics_scrape(db_url: str, tmp_path) -> N
     done = run_promtool("check", "metrics", stdin=text.encode())
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
     assert done.stdout.strip() == b"", done.stdout.decode()
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in a scrape, or None."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            series, _, value = line.rpartition(" ")
+            found = dict(re.findall(r'(\w+)="([^"]*)"', series))
+            if all(found.get(k) == v for k, v in labels.items()):
+                return float(value)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_queue_gauges_show_a_waiting_job(db_url: str, tmp_path) -> None:
+    """A due job on a queue no worker consumes shows in a running worker's queue_jobs and
+    queue_oldest_waiting_seconds, which the backlog alerts read."""
+    pool = await create_pool(db_url, max_size=2)
+    try:
+        await make_queue(pool, "unconsumed")
+        await Sender(pool).send("unconsumed", {"waiting": True})
+    finally:
+        await pool.close()
+    daemon = start_daemon(db_url, tmp_path, role="worker", name="gauges")
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 30)
+        waiting = count = None
+        for _ in range(40):
+            status, text = daemon.get("/metrics")
+            assert status == 200
+            waiting = sample(text, "queue_oldest_waiting_seconds", queue="unconsumed")
+            count = sample(text, "queue_jobs", queue="unconsumed", state="created")
+            if waiting and count:
+                break
+            await asyncio.sleep(0.25)
+        assert count == 1
+        assert waiting is not None
+        assert waiting > 0
+    finally:
+        daemon.kill()

@@ -125,14 +125,16 @@ def post(daemon: Daemon, path: str, body: Any, token: str | None = TOKEN) -> tup
 
 
 async def owners(conn: asyncpg.Connection, schema: str) -> set[str]:
-    """Every owner of the schema, its relations and its types."""
+    """Every owner of the schema and of every relation, type and routine in it."""
     rows = await conn.fetch(
         """
         SELECT pg_get_userbyid(nspowner) AS owner FROM pg_namespace WHERE nspname = $1
         UNION SELECT pg_get_userbyid(relowner) FROM pg_class
-              WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'S', 'v', 'm', 'p')
+              WHERE relnamespace = $1::regnamespace
         UNION SELECT pg_get_userbyid(typowner) FROM pg_type
-              WHERE typnamespace = $1::regnamespace AND typtype = 'e'
+              WHERE typnamespace = $1::regnamespace
+        UNION SELECT pg_get_userbyid(proowner) FROM pg_proc
+              WHERE pronamespace = $1::regnamespace
         """,
         schema,
     )
@@ -294,6 +296,31 @@ async def test_worker_role_installs_an_empty_database_then_api_role_ingests(
     finally:
         for daemon in daemons:
             daemon.kill()
+
+
+@pytest.mark.slow
+async def test_roles_sql_hands_every_object_in_the_queue_schema_to_the_worker_role(
+    migrated_db: str, roles: Roles
+) -> None:
+    """Views, free sequences, domains, composite types and functions a superuser left in the
+    queue schema all belong to the worker role after roles.sql."""
+    admin = await asyncpg.connect(migrated_db)
+    try:
+        await admin.execute(
+            """
+            CREATE VIEW jobs.waiting AS SELECT id FROM jobs.job WHERE state = 'created';
+            CREATE SEQUENCE jobs.loose_seq;
+            CREATE DOMAIN jobs.positive AS integer CHECK (VALUE > 0);
+            CREATE TYPE jobs.pair AS (a int, b int);
+            CREATE FUNCTION jobs.one() RETURNS int LANGUAGE sql AS 'SELECT 1';
+            """
+        )
+        superuser = await admin.fetchval("SELECT current_user")
+        assert await owners(admin, "jobs") == {superuser}
+        apply_roles(migrated_db, roles)
+        assert await owners(admin, "jobs") == {roles.worker}
+    finally:
+        await admin.close()
 
 
 ACL_SNAPSHOT = """
