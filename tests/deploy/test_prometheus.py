@@ -85,6 +85,18 @@ def test_alerts_cover_the_promised_signals() -> None:
     }
 
 
+def test_alerts_name_scrape_jobs_that_exist() -> None:
+    """Every job an alert selects (job="..." or job=~"a|b") is a scrape job of prometheus.yml."""
+    config = yaml.safe_load((CONFIG / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    selected = set()
+    for expression in alert_expressions().values():
+        for value in re.findall(r'\bjob=~?"([^"]*)"', expression):
+            selected.update(value.split("|"))
+    assert selected, "the availability alerts select the chassis scrape jobs"
+    assert selected <= jobs, f"alerts select jobs nobody scrapes: {sorted(selected - jobs)}"
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
 async def test_alerts_read_metrics_a_live_daemon_serves(db_url: str, tmp_path) -> None:
