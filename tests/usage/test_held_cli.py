@@ -175,3 +175,13 @@ async def test_a_held_job_without_an_event_id_is_named_by_job(
     assert result.returncode == 0, result.stderr
     state = await pool.fetchval("SELECT state::text FROM jobs.job WHERE id = $1", job_id)
     assert state == "cancelled"
+
+
+async def test_list_limit_shows_the_first_and_counts_all(db_url: str, held: Held) -> None:
+    """--limit cuts the listing, next due first, while the count still covers every held event."""
+    listing = json.loads((await _cli(db_url, "list", "--json", "--limit", "2")).stdout)
+    assert len(listing["held"]) == 2
+    assert listing["count"] == 3
+    assert held.waiting not in {row["id"] for row in listing["held"]}  # due last, in an hour
+    table = await _cli(db_url, "list", "--limit", "1")
+    assert "3 held event(s) (first 1 shown" in table.stdout

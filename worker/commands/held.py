@@ -30,6 +30,9 @@ def add_held_parser(sub: Any) -> None:
     actions = held.add_subparsers(dest="held_action", required=True)
     listing = actions.add_parser("list", help="list held events")
     listing.add_argument("--json", action="store_true")
+    listing.add_argument(
+        "--limit", type=int, default=1000, help="show at most this many (0: all) [1000]"
+    )
     redrive = actions.add_parser("redrive", help="send held events back now")
     redrive.add_argument("ids", nargs="*")
     redrive.add_argument("--all", action="store_true")
@@ -57,11 +60,12 @@ async def held_command(settings: Settings, args: argparse.Namespace) -> int:
     ) as sender:
         store = HeldStore(sender)
         if args.held_action == "list":
-            rows = await store.listing()
+            rows = await store.listing(limit=args.limit if args.limit > 0 else None)
+            total = len(rows) if args.limit <= 0 or len(rows) < args.limit else await store.count()
             if args.json:
-                print_json({"held": [row.as_json() for row in rows], "count": len(rows)})
+                print_json({"held": [row.as_json() for row in rows], "count": total})
             else:
-                _print_table(rows)
+                _print_table(rows, total)
             return 0
         actor = operator_name()
         if args.held_action == "redrive":
@@ -101,7 +105,7 @@ def _selection(args: argparse.Namespace, usage_error: type[Exception]) -> Select
         raise usage_error(f"invalid id: {exc}") from None
 
 
-def _print_table(rows: list[HeldRow]) -> None:
+def _print_table(rows: list[HeldRow], total: int) -> None:
     if not rows:
         print("no held events")
         return
@@ -122,4 +126,5 @@ def _print_table(rows: list[HeldRow]) -> None:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     for line in lines:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
-    print(f"{len(rows)} held event(s)")
+    cut = f" (first {len(rows)} shown; --limit 0 shows all)" if total > len(rows) else ""
+    print(f"{total} held event(s){cut}")

@@ -95,10 +95,19 @@ class HeldStore:
         self._sender = sender
         self._sql: HeldStatements = render(sender.schema)
 
-    async def listing(self, selection: Selection = EVERYTHING) -> list[HeldRow]:
-        """Every held event (or the selected ones), next due first."""
+    async def count(self) -> int:
+        """How many events are held in all."""
+        total: int = await self._sender.pool.fetchval(
+            self._sql.count_held, USAGE_QUEUE, USAGE_HELD_QUEUE
+        )
+        return total
+
+    async def listing(
+        self, selection: Selection = EVERYTHING, *, limit: int | None = None
+    ) -> list[HeldRow]:
+        """The held events (or the selected ones), next due first, at most ``limit``."""
         rows = await self._sender.pool.fetch(
-            self._sql.list_held, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args()
+            self._sql.list_held, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args(), limit
         )
         out = []
         for row in rows:

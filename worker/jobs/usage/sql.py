@@ -32,6 +32,12 @@ SELECT j.id AS job_id, j.queue, j.state::text AS state, j.singleton_key,
 FROM {s}.job j
 WHERE {held} AND {picked3}
 ORDER BY j.start_after, j.id
+LIMIT $6
+"""
+
+COUNT = """
+-- held list: how many events are held in all (the listing may be cut at its limit).
+SELECT count(*) FROM {s}.job j WHERE {held}
 """
 
 REDRIVE_WAITING = """
@@ -88,6 +94,7 @@ class HeldStatements:
     """The held tools' statements for one schema."""
 
     list_held: str
+    count_held: str
     redrive_waiting: str
     lock_held: str
     settle_held: str
@@ -103,6 +110,7 @@ def render(schema: str) -> HeldStatements:
     values["picked3"] = _picked(3)
     return HeldStatements(
         list_held=LIST.format(**values),
+        count_held=COUNT.format(**values),
         redrive_waiting=REDRIVE_WAITING.format(**values),
         lock_held=LOCK_HELD.format(**values),
         settle_held=SETTLE_HELD.format(**values),
