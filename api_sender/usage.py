@@ -86,11 +86,12 @@ class UsageSink:
                 )
         except Exception as exc:
             EMIT_FAILURES.inc()
+            # getattr: the log line itself must not raise, even for a caller's wrong argument.
             log.error(
                 "usage.emit_failed",
-                event_id=event.id,
-                meter=event.meter,
-                workspace_id=event.workspace_id,
+                event_id=getattr(event, "id", None),
+                meter=getattr(event, "meter", None),
+                workspace_id=getattr(event, "workspace_id", None),
                 error=f"{type(exc).__name__}: {exc}",
             )
             return None

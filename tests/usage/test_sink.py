@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import asyncpg
 import pytest
 from prometheus_client import REGISTRY
@@ -116,3 +119,31 @@ async def test_emit_on_a_closed_pool_returns_and_counts(db_url: str) -> None:
     before = REGISTRY.get_sample_value("usage_emit_failures_total") or 0.0
     assert await Sender(pool).usage.emit(UsageEvent("m", 1, "w")) is None
     assert REGISTRY.get_sample_value("usage_emit_failures_total") == before + 1
+
+
+async def test_emit_of_something_else_returns_and_counts(db_url: str, pool: asyncpg.Pool) -> None:
+    """A caller passing a dict instead of a UsageEvent gets None, not an exception."""
+    await install_usage(pool, usage_settings(db_url))
+    before = REGISTRY.get_sample_value("usage_emit_failures_total") or 0.0
+    assert await Sender(pool).usage.emit({"meter": "m"}) is None  # type: ignore[arg-type]
+    assert REGISTRY.get_sample_value("usage_emit_failures_total") == before + 1
+    assert await pool.fetchval("SELECT count(*) FROM jobs.job") == 0
+
+
+async def test_emit_against_a_hanging_database_gives_up_in_time() -> None:
+    """A database that accepts connections and never answers costs emit its timeout, no more."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the kernel; nothing ever answers them
+        port = silent.getsockname()[1]
+        pool = await create_pool(f"postgresql://postgres@127.0.0.1:{port}/x", min_size=0)
+        try:
+            sender = Sender(pool)
+            sender.usage.emit_timeout = 0.5
+            before = REGISTRY.get_sample_value("usage_emit_failures_total") or 0.0
+            started = time.monotonic()
+            assert await sender.usage.emit(UsageEvent("m", 1, "w")) is None
+            assert time.monotonic() - started < 2
+            assert REGISTRY.get_sample_value("usage_emit_failures_total") == before + 1
+        finally:
+            pool.terminate()
