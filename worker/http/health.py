@@ -17,6 +17,8 @@ def health_routes(state: ServiceState) -> list[Route]:
     gauges = QueueGauges(state.settings.jobs_schema)
 
     async def metrics(_: Request) -> Response:
+        # Scrapes keep worker_ready current: nothing else polls /readyz in a compose stack.
+        READY.set(0 if await state.readiness() else 1)
         await gauges.refresh(state.pool)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
