@@ -8,12 +8,15 @@ The job's data steers the handler: ``{"sleep": s}`` runs s seconds, ``{"fail": t
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import time
+import uuid
 from typing import Any
 
 import asyncpg
 
-from worker import JobDeclaration, JobInfo, Schedule
+from worker import JobDeclaration, JobInfo, QueueOptions, Schedule
 
 LEDGER_DDL = """
 CREATE TABLE IF NOT EXISTS public.ledger (
@@ -84,3 +87,205 @@ CRON = [
 
 #: A timer queue (no schedule).
 TIMERS = [JobDeclaration(queue="tool-timer", handler=record)]
+
+
+# --- The fault drills (tests/drills) -------------------------------------------------------------
+#
+# A ledger whose writes survive the faults the drills inject: each handler run has its own id, a
+# write that meets a dropped, read-only or restarting database is retried, and a retried write
+# that had in fact committed is absorbed by the (run, phase) key. So the ledger counts handler
+# runs exactly, and a job never fails because the test's own bookkeeping could not be written.
+
+DRILL_LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS public.drill_ledger (
+    run     uuid NOT NULL,
+    phase   text NOT NULL,
+    job_id  bigint NOT NULL,
+    queue   text NOT NULL,
+    key     text,
+    attempt integer NOT NULL,
+    pid     integer NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (run, phase)
+)"""
+
+#: How long a drill handler keeps retrying one ledger write before it gives up (and fails).
+DRILL_WRITE_PATIENCE = float(os.environ.get("DRILL_WRITE_PATIENCE", "90"))
+
+_DRILL_RETRYABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+    asyncpg.ReadOnlySQLTransactionError,
+)
+
+_drill_pool: asyncpg.Pool | None = None
+_drill_pool_lock: asyncio.Lock | None = None
+
+
+async def _drill_db() -> asyncpg.Pool:
+    global _drill_pool, _drill_pool_lock
+    if _drill_pool_lock is None:
+        _drill_pool_lock = asyncio.Lock()
+    async with _drill_pool_lock:
+        if _drill_pool is None:
+            _drill_pool = await asyncpg.create_pool(
+                os.environ["DATABASE_URL"],
+                min_size=0,
+                max_size=int(os.environ.get("DRILL_LEDGER_POOL", "2")),
+                # The ledger must be writable even while a drill makes new sessions read-only.
+                server_settings={
+                    "application_name": "drill ledger",
+                    "default_transaction_read_only": "off",
+                },
+            )
+    assert _drill_pool is not None
+    return _drill_pool
+
+
+async def _drill_write(run: uuid.UUID, phase: str, job: JobInfo) -> None:
+    deadline = time.monotonic() + DRILL_WRITE_PATIENCE
+    while True:
+        try:
+            pool = await _drill_db()
+            await asyncio.wait_for(
+                pool.execute(
+                    "INSERT INTO public.drill_ledger (run, phase, job_id, queue, key, attempt, pid)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+                    run,
+                    phase,
+                    job.id,
+                    job.queue,
+                    job.key,
+                    job.attempt,
+                    os.getpid(),
+                ),
+                timeout=10,
+            )
+            return
+        except _DRILL_RETRYABLE:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+_handler_pool: Any = None
+
+
+def _daemon_pool() -> Any:
+    """The daemon's own handler pool (``JobContext.pool``).
+
+    Tool handlers are not handed the context, so the starvation drill finds the one
+    ``JobContext`` of this process on the heap: the connections it borrows are the daemon's.
+    """
+    global _handler_pool
+    if _handler_pool is None:
+        from worker.jobs.spec import JobContext
+
+        contexts = [o for o in gc.get_objects() if isinstance(o, JobContext)]
+        if not contexts:
+            raise RuntimeError("no JobContext in this process")
+        _handler_pool = contexts[0].pool
+    return _handler_pool
+
+
+async def drill(data: Any, job: JobInfo) -> None:
+    """A drill job: ledger 'start', obey the data, ledger 'done'.
+
+    ``sleep`` s (only on the first attempt with ``sleep_once``), ``borrow`` s holding one of the
+    daemon's pool connections, ``exit`` kills the process mid-job, ``fail`` raises.
+    """
+    run = uuid.uuid4()
+    await _drill_write(run, "start", job)
+    if isinstance(data, dict):
+        if data.get("exit"):
+            os._exit(3)
+        sleep = float(data.get("sleep") or 0)
+        if sleep and (job.attempt == 1 or not data.get("sleep_once")):
+            await asyncio.sleep(sleep)
+        if data.get("borrow"):
+            async with _daemon_pool().acquire() as conn:
+                await conn.execute("SELECT pg_sleep($1)", float(data["borrow"]))
+        if data.get("fail"):
+            raise RuntimeError("asked to fail")
+    await _drill_write(run, "done", job)
+
+
+async def drill_dead_letter(data: Any, job: JobInfo) -> None:
+    """A dead-letter consumer: records the copy, never obeys it."""
+    run = uuid.uuid4()
+    await _drill_write(run, "dead", job)
+
+
+#: The drills' work queue: batches of 8, 8 handlers at once, a retry budget no fault exhausts.
+DRILL = [
+    JobDeclaration(
+        queue="drill-work",
+        handler=drill,
+        batch_size=8,
+        concurrency=8,
+        options=QueueOptions(retry_limit=10),
+    )
+]
+
+#: Wide consumers for the concurrent-claim drill: 16 handlers, batches of 16.
+DRILL_WIDE = [
+    JobDeclaration(
+        queue="drill-claim",
+        handler=drill,
+        batch_size=16,
+        concurrency=16,
+        options=QueueOptions(retry_limit=10),
+    )
+]
+
+#: A per-second cron.
+DRILL_CRON = [
+    JobDeclaration(
+        queue="drill-cron",
+        handler=drill,
+        schedule=Schedule(cron="* * * * * *"),
+        options=QueueOptions(retry_limit=10),
+    )
+]
+
+#: A queue for poison jobs (two retries) and its dead letter, declared first.
+DRILL_POISON = [
+    JobDeclaration(queue="drill-poison-dead", handler=drill_dead_letter),
+    JobDeclaration(
+        queue="drill-poison",
+        handler=drill,
+        batch_size=4,
+        concurrency=4,
+        options=QueueOptions(retry_limit=2, dead_letter="drill-poison-dead"),
+    ),
+]
+
+#: Many handlers over a small pool: 32 at once, each may borrow one of the daemon's connections.
+DRILL_STARVE = [
+    JobDeclaration(
+        queue="drill-starve",
+        handler=drill,
+        batch_size=32,
+        concurrency=32,
+        options=QueueOptions(retry_limit=10),
+    )
+]
+
+#: The bloat soak: retention from DRILL_RETENTION_SECONDS (completed jobs are pruned after it).
+DRILL_SOAK = [
+    JobDeclaration(
+        queue="drill-soak",
+        handler=drill,
+        batch_size=16,
+        concurrency=8,
+        options=QueueOptions(
+            retry_limit=10,
+            retention_seconds=int(os.environ.get("DRILL_RETENTION_SECONDS", "3600")),
+        ),
+    )
+]

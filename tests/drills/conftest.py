@@ -1,0 +1,60 @@
+"""Fixtures of the fault drills: the size they run at, the daemons they start, the ledger, and
+the one summary line each drill records (printed together at the end of the run)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.drills.helpers import SCALE, Fleet
+
+#: (outcome, nodeid, line, seconds) of every drill that ran in this process or an xdist worker.
+_LINES: list[tuple[str, str, str, float]] = []
+_KEY = "drill_summary"
+
+
+@pytest.fixture
+def drill_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record this drill's one summary line (the fault, what happened, nothing lost)."""
+
+    def record(line: str) -> None:
+        request.node.user_properties.append((_KEY, line))
+
+    return record
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """Daemons a drill starts; every one still running is SIGKILLed afterwards."""
+    daemons = Fleet(tmp_path)
+    try:
+        yield daemons
+    finally:
+        daemons.kill_all()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect each drill's line (user properties travel from xdist workers too)."""
+    if report.when != "call" or "drill" not in report.keywords:
+        return
+    lines = [str(value) for key, value in report.user_properties if key == _KEY]
+    if report.passed:
+        outcome = "ok"
+        text = lines[-1] if lines else "(no summary line recorded)"
+    else:
+        outcome = "FAILED" if report.failed else report.outcome
+        reason = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+        text = (lines[-1] + " | " if lines else "") + reason[:300]
+    _LINES.append((outcome, report.nodeid, text, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per drill, in the order they ran."""
+    if not _LINES:
+        return
+    terminalreporter.section(f"fault drills (DRILL_SCALE={SCALE})")
+    for outcome, nodeid, text, seconds in _LINES:
+        name = nodeid.rsplit("::", 1)[-1]
+        terminalreporter.write_line(f"{outcome:6} {seconds:6.1f}s  {name}: {text}")

@@ -1,0 +1,203 @@
+"""What the drills share: the size they run at, waiting on conditions, the ledger, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.processes import Daemon, start_daemon
+from tests.support.tooljobs import DRILL_LEDGER_DDL
+
+#: ``small`` (the default, CI) or ``full`` (``make drills``): the size each drill runs at.
+SCALE = os.environ.get("DRILL_SCALE", "small").strip().lower()
+FULL = SCALE == "full"
+
+T = TypeVar("T")
+
+#: Every daemon of a drill runs the drill queue; usage goes nowhere (no hub needed).
+DRILL_ENV = {"TOOL_JOBS": "tests.support.tooljobs:DRILL", "USAGE_DOWNSTREAM": "noop"}
+
+
+def sized(small: T, full: T) -> T:
+    """``small`` or ``full``, after DRILL_SCALE."""
+    return full if FULL else small
+
+
+async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    """Run one query on a fresh connection."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
+        return rows
+    finally:
+        await conn.close()
+
+
+async def fetchval(url: str, sql: str, *args: Any) -> Any:
+    """The first value of one query, on a fresh connection."""
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], timeout: float, what: str, step: float = 0.2
+) -> float:
+    """Poll ``check`` until it holds; return the seconds it took, or fail naming ``what``."""
+    started = time.monotonic()
+    while True:
+        if await check():
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(step)
+
+
+async def create_ledger(url: str) -> None:
+    """Create public.drill_ledger in the database at ``url``."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(DRILL_LEDGER_DDL)
+    finally:
+        await conn.close()
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What the ledger says about the jobs of one queue."""
+
+    #: job id -> handler runs that finished ('done' rows).
+    done: Counter[int]
+    #: job id -> handler runs that started.
+    started: Counter[int]
+
+    @property
+    def duplicates(self) -> dict[int, int]:
+        """Jobs whose handler finished more than once, with how often."""
+        return {job: n for job, n in self.done.items() if n > 1}
+
+    def missing(self, ids: set[int]) -> set[int]:
+        """Jobs of ``ids`` whose handler never finished."""
+        return {job for job in ids if self.done[job] == 0}
+
+
+async def runs(url: str, queue: str) -> Runs:
+    """Read the ledger of ``queue``."""
+    rows = await fetch(
+        url,
+        "SELECT job_id, phase, count(*) AS n FROM public.drill_ledger WHERE queue = $1"
+        " GROUP BY job_id, phase",
+        queue,
+    )
+    done: Counter[int] = Counter()
+    started: Counter[int] = Counter()
+    for row in rows:
+        if row["phase"] == "done":
+            done[row["job_id"]] = row["n"]
+        elif row["phase"] == "start":
+            started[row["job_id"]] = row["n"]
+    return Runs(done, started)
+
+
+async def states(url: str, queue: str) -> Counter[str]:
+    """Jobs of ``queue`` per state."""
+    rows = await fetch(
+        url,
+        "SELECT state::text AS state, count(*) AS n FROM jobs.job WHERE queue = $1 GROUP BY 1",
+        queue,
+    )
+    return Counter({row["state"]: row["n"] for row in rows})
+
+
+async def completed(url: str, queue: str) -> int:
+    """Completed jobs of ``queue``."""
+    return (await states(url, queue))["completed"]
+
+
+async def active_of(url: str, worker_id: str) -> set[int]:
+    """Ids of the jobs a worker holds (active, locked by it) right now."""
+    rows = await fetch(
+        url, "SELECT id FROM jobs.job WHERE state = 'active' AND locked_by = $1::uuid", worker_id
+    )
+    return {row["id"] for row in rows}
+
+
+def metric(daemon: Daemon, name: str, **labels: str) -> float:
+    """One sample of the daemon's /metrics (0 when absent)."""
+    status, text = daemon.get("/metrics", timeout=5.0)
+    assert status == 200, f"/metrics answered {status}"
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+def log_events(daemon: Daemon, name: str) -> list[dict[str, Any]]:
+    """The daemon's JSON log lines with event ``name``."""
+    return [e for e in daemon.events() if e.get("event") == name]
+
+
+def worker_id(daemon: Daemon) -> str:
+    """The per-process owner id a worker logged when it started."""
+    for event in log_events(daemon, "worker.started"):
+        return str(event["worker_id"])
+    raise AssertionError(f"no worker.started in the log of pid {daemon.pid}")
+
+
+class Fleet:
+    """The daemons of one drill: start, kill, restart; everything is SIGKILLed at the end."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.all: list[Daemon] = []
+        self._n = 0
+
+    def start(
+        self, url: str, env: Mapping[str, str] | None = None, *, role: str = "worker"
+    ) -> Daemon:
+        """Start one daemon (does not wait for it)."""
+        self._n += 1
+        daemon = start_daemon(
+            url, self.log_dir, role=role, env={**DRILL_ENV, **dict(env or {})}, name=f"d{self._n}"
+        )
+        self.all.append(daemon)
+        return daemon
+
+    async def start_ready(
+        self,
+        url: str,
+        env: Mapping[str, str] | None = None,
+        *,
+        count: int = 1,
+        role: str = "worker",
+    ) -> list[Daemon]:
+        """Start ``count`` daemons at once and wait until every one is ready."""
+        daemons = [self.start(url, env, role=role) for _ in range(count)]
+        await asyncio.gather(*(asyncio.to_thread(d.wait_ready, 60) for d in daemons))
+        return daemons
+
+    def running(self) -> list[Daemon]:
+        """The daemons still alive."""
+        return [d for d in self.all if d.process.poll() is None]
+
+    def kill_all(self) -> None:
+        """SIGKILL (after SIGCONT, for a paused one) every daemon still running."""
+        for daemon in self.all:
+            if daemon.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    daemon.signal(signal.SIGCONT)
+                daemon.kill()

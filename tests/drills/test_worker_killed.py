@@ -1,0 +1,96 @@
+"""Drill 1: a worker SIGKILLed mid-job, again and again, while three replicas share the work."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from api_sender import Sender
+from tests.drills.helpers import (
+    SCALE,
+    Fleet,
+    active_of,
+    create_ledger,
+    fetch,
+    runs,
+    sized,
+    states,
+    wait_for,
+    worker_id,
+)
+
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+
+QUEUE = "drill-work"
+#: Rescue bound R: a dead worker's jobs are claimed again within this many seconds.
+R = 10.0
+
+
+async def test_workers_killed_mid_job_lose_nothing(db_url: str, fleet: Fleet, drill_report):
+    """Three replicas work through jobs of 0.2-2 s while one of them is SIGKILLed every few
+    seconds and restarted: every job completes, only jobs in flight at a kill run twice, and
+    each killed worker's jobs are claimed again within R."""
+    jobs = sized(300, 2000)
+    every = sized(4.0, 15.0)
+    longest = sized(1.0, 2.0)
+    rng = random.Random(1)
+    await create_ledger(db_url)
+    replicas = await fleet.start_ready(db_url, count=3)
+    async with Sender.connect(db_url, max_size=1) as sender:
+        ids = set(
+            await sender.send_many(
+                QUEUE, [{"sleep": round(rng.uniform(0.2, longest), 2)} for _ in range(jobs)]
+            )
+        )
+    # (pid, instant, the jobs it held) for every kill.
+    kills: list[tuple[int, float, set[int]]] = []
+    while (await states(db_url, QUEUE))["completed"] < jobs * 0.8 or not kills:
+        await asyncio.sleep(every)
+        victim = rng.choice(replicas)
+        held = await active_of(db_url, worker_id(victim))
+        victim.kill()
+        kills.append((victim.pid, time.time(), held))
+        replicas.remove(victim)
+        replacement = fleet.start(db_url)
+        replicas.append(replacement)
+        await asyncio.to_thread(replacement.wait_ready, 60)
+
+    async def all_done() -> bool:
+        return (await states(db_url, QUEUE))["completed"] == jobs
+
+    await wait_for(all_done, sized(90, 300), "every job to complete")
+    ledger = await runs(db_url, QUEUE)
+    assert ledger.missing(ids) == set()
+    in_flight = set().union(*(held for _, _, held in kills))
+    duplicated = set(ledger.duplicates)
+    assert duplicated <= in_flight, (
+        f"duplicates outside the in-flight jobs: {duplicated - in_flight}"
+    )
+    # Orphans: the next start of each job a victim held, measured from its kill.
+    delays = []
+    for pid, at, held in kills:
+        if not held:
+            continue
+        rows = await fetch(
+            db_url,
+            "SELECT job_id, min(extract(epoch FROM at)) AS next FROM public.drill_ledger"
+            " WHERE phase = 'start' AND job_id = ANY($1::bigint[]) AND pid <> $2"
+            " AND extract(epoch FROM at) > $3 GROUP BY job_id",
+            list(held),
+            pid,
+            at,
+        )
+        assert len(rows) == len(held), "a killed worker's job never started again"
+        delays.extend(float(row["next"]) - at for row in rows)
+    assert delays, "no kill landed while the victim held jobs"
+    worst = max(delays)
+    assert worst < R, f"an orphan waited {worst:.1f}s"
+    drill_report(
+        f"drill 1 worker killed mid-job [{SCALE}: {jobs} jobs of 0.2-{longest:g}s, 3 replicas,"
+        f" {len(kills)} SIGKILLs every {every:g}s]: {len(in_flight)} jobs in flight at the kills,"
+        f" re-claimed within {worst:.1f}s (R={R:g}s); nothing lost ({jobs}/{jobs} completed,"
+        f" {len(duplicated)} duplicates, all among the in-flight)"
+    )
