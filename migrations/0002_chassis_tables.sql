@@ -5,6 +5,11 @@
 -- shape, and only the indexes the purges need are added to it (see the end of this file).
 -- purge_run is unqualified and lands in the queue schema (the runner's search_path).
 
+-- The migration lock is per queue schema, but public is shared: two daemons with different
+-- JOBS_SCHEMA migrating one database at once would race on these CREATEs. This transaction lock
+-- serialises them; the second then finds every table and index in place.
+SELECT pg_advisory_xact_lock(hashtextextended('chassis-worker:public-chassis-tables', 0));
+
 CREATE TABLE IF NOT EXISTS public."user" (
     id             text PRIMARY KEY,
     email          text NOT NULL UNIQUE,

@@ -6,11 +6,12 @@ import json
 from datetime import timedelta
 
 import asyncpg
+import pytest
 from prometheus_client import REGISTRY
 
 from worker.jobs.purges import AUDIT_PURGE_QUEUE, sql
 from worker.jobs.purges.audit import audit_body
-from worker.jobs.purges.batches import BatchLimits
+from worker.jobs.purges.batches import BatchLimits, StatementTimeout
 
 from .chassis import DAY, add_audit_rows
 from .runner import make_settings, run_body, run_purge_job
@@ -136,3 +137,26 @@ async def test_the_batch_statement_uses_the_created_at_index(pool: asyncpg.Pool)
         )
 
     assert "audit_log_created_at_idx" in json.dumps(json.loads(plan))
+
+
+async def test_a_batch_past_its_statement_cap_fails_the_run_by_name(
+    pool: asyncpg.Pool, db_url: str, captured_logs: list[dict[str, object]]
+) -> None:
+    """A batch stuck behind a row lock is cancelled at its cap and fails the run with
+    StatementTimeout (not a bare TimeoutError the poller would read as the job's expiry)."""
+    async with pool.acquire() as conn:
+        await add_audit_rows(conn, 10, age=40 * DAY)
+    blocker = await asyncpg.connect(db_url)
+    try:
+        await blocker.execute("BEGIN")
+        await blocker.execute("SELECT 1 FROM public.audit_log FOR UPDATE")
+        limits = BatchLimits(statement_timeout_seconds=0.3)
+        with pytest.raises(StatementTimeout, match=r"a purge batch ran past 0\.3s"):
+            await run_body(pool, AUDIT_PURGE_QUEUE, audit_body(30, limits))
+    finally:
+        await blocker.close()
+
+    assert await pool.fetchval("SELECT count(*) FROM public.audit_log") == 10
+    assert [e["event"] for e in captured_logs if str(e["event"]).startswith("purge.")] == [
+        "purge.failed"
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timedelta
 
 import anyio
@@ -13,7 +14,16 @@ from worker.jobs.purges import ORPHAN_USER_PURGE_QUEUE
 from worker.jobs.purges.orphan_users import OrphanRule, orphan_body
 from worker.jobs.purges.runs import PurgeRun
 
-from .chassis import HOUR, add_account, add_membership, add_session, add_user, count, user_ids
+from .chassis import (
+    HOUR,
+    add_account,
+    add_membership,
+    add_session,
+    add_user,
+    count,
+    orphan_audit_rows,
+    user_ids,
+)
 from .runner import run_body
 
 RULE = OrphanRule(retention_hours=24)
@@ -146,3 +156,40 @@ async def test_a_membership_insert_after_the_lock_fails_instead_of_surviving_its
     async with pool.acquire() as conn:
         assert await user_ids(conn) == set()
         assert await conn.fetchval("SELECT count(*) FROM public.workspace_members") == 0
+
+
+async def test_a_run_that_dies_mid_sweep_leaves_an_exact_audit_row(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """When the sweep's connection dies while it waits on its second user, the first user's
+    deletion is already in the run's audit row, and nothing else is."""
+    async with pool.acquire() as conn:
+        await add_user(conn, email="first@example.com", age=timedelta(days=5))
+        second = await add_user(conn, email="second@example.com", age=timedelta(days=4))
+    writer = await asyncpg.connect(db_url)
+    try:
+        await writer.execute("BEGIN")
+        await writer.execute('SELECT 1 FROM public."user" WHERE id = $1 FOR UPDATE', second)
+        sweep = asyncio.ensure_future(run_body(pool, ORPHAN_USER_PURGE_QUEUE, orphan_body(RULE)))
+        async with pool.acquire() as observer:
+            await wait_for_lock_waiters(observer, 1)
+            # As a crash or a database restart would: the sweep's backend goes away mid-run.
+            await observer.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)):
+            await sweep
+        await writer.execute("ROLLBACK")
+    finally:
+        await writer.close()
+
+    async with pool.acquire() as conn:
+        assert await user_ids(conn) == {second}
+        rows = await orphan_audit_rows(conn)
+    assert len(rows) == 1
+    assert json.loads(rows[0]["metadata"]) == {
+        "deleted": 1,
+        "retention_hours": 24,
+        "sample": ["first@example.com"],
+    }

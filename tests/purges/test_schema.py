@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
-from worker.db.migrations import migrate
+from worker.db.migrations import latest_version, migrate
 
 CHASSIS = {
     "audit_log",
@@ -146,3 +148,17 @@ async def test_the_migration_applies_beside_the_queue_schema_of_another_name(
         ("public", "audit_log"),
         ("bg", "purge_run"),
     }
+
+
+async def test_two_queue_schemas_can_migrate_one_database_at_once(empty_db_url: str) -> None:
+    """Daemons with different JOBS_SCHEMA migrating one database concurrently both succeed."""
+    first = await asyncpg.connect(empty_db_url)
+    second = await asyncpg.connect(empty_db_url)
+    try:
+        applied = await asyncio.gather(
+            migrate(first, "jobs_a", lock_timeout=30), migrate(second, "jobs_b", lock_timeout=30)
+        )
+    finally:
+        await first.close()
+        await second.close()
+    assert applied == [list(range(1, latest_version() + 1))] * 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 
 from . import sql
-from .batches import affected
+from .batches import affected, capped
 from .runs import PurgeRun
 
 #: Client-side cap on the one UPDATE (see :class:`BatchLimits`).
@@ -15,7 +15,7 @@ STATEMENT_TIMEOUT_SECONDS = 30.0
 async def retire_expired_api_keys(conn: asyncpg.Connection, run: PurgeRun) -> None:
     """Mark every key whose ``expires_at`` is before ``run.now`` and not yet revoked as revoked."""
     run.retention = "expires_at"
-    status = await conn.execute(
-        sql.RETIRE_EXPIRED_API_KEYS, run.now, timeout=STATEMENT_TIMEOUT_SECONDS
-    )
+    cap = STATEMENT_TIMEOUT_SECONDS
+    with capped(cap, "the api key sweep"):
+        status = await conn.execute(sql.RETIRE_EXPIRED_API_KEYS, run.now, timeout=cap)
     run.count(affected(status))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,22 @@ class BatchLimits:
     #: Client-side cap on one statement (asyncpg cancels it): far above a healthy batch, below a
     #: typical server statement_timeout of a minute.
     statement_timeout_seconds: float = 30.0
+
+
+class StatementTimeout(Exception):
+    """A purge statement ran past its cap and was cancelled; its rows wait for the next run."""
+
+
+@contextmanager
+def capped(seconds: float, what: str) -> Iterator[None]:
+    """Report an asyncpg ``timeout=seconds`` expiry inside the block as :class:`StatementTimeout`.
+
+    The poller reads a bare ``TimeoutError`` as the job's own expiry; this names the statement.
+    """
+    try:
+        yield
+    except TimeoutError:
+        raise StatementTimeout(f"{what} ran past {seconds:g}s and was cancelled") from None
 
 
 def affected(status: str) -> int:
@@ -52,9 +70,9 @@ async def drain(
         if batches and time.monotonic() - started >= limits.time_budget_seconds:
             break
         began = time.perf_counter()
-        status = await conn.execute(
-            statement, *args, limits.batch_size, timeout=limits.statement_timeout_seconds
-        )
+        cap = limits.statement_timeout_seconds
+        with capped(cap, "a purge batch"):
+            status = await conn.execute(statement, *args, limits.batch_size, timeout=cap)
         longest = max(longest, time.perf_counter() - began)
         batches += 1
         rows = affected(status)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import asyncpg
 import structlog
 
 from . import sql
-from .batches import BatchLimits
+from .batches import BatchLimits, capped
 from .runs import PurgeBody, PurgeRun, span
 
 log = structlog.get_logger("worker.purge")
@@ -43,8 +44,31 @@ class Outcome(Enum):
     FAILED = "failed"
 
 
-async def delete_if_orphan(conn: asyncpg.Connection, user_id: str, run: PurgeRun) -> Outcome:
-    """In one transaction: lock the user, re-check it is unused at ``run.now``, delete it whole."""
+@dataclass(slots=True)
+class AuditTrail:
+    """The run's one instance-level audit row, written with the first deletion, then kept exact."""
+
+    retention_hours: int
+    row_id: Any = None
+    deleted: int = 0
+    sample: list[str] = field(default_factory=list)
+
+    def after(self, email: str) -> dict[str, Any]:
+        """The row's metadata once the user with ``email`` is deleted too."""
+        sample = [*self.sample, email] if len(self.sample) < SAMPLE_SIZE else self.sample
+        return {
+            "deleted": self.deleted + 1,
+            "retention_hours": self.retention_hours,
+            "sample": sample,
+        }
+
+
+async def delete_if_orphan(
+    conn: asyncpg.Connection, run: PurgeRun, trail: AuditTrail, user_id: str, email: str
+) -> Outcome:
+    """In one transaction: lock the user, re-check it is unused at ``run.now``, delete it whole
+    and bring the run's audit row up to date, so the row never misses a deleted user."""
+    metadata = trail.after(email)
     try:
         async with conn.transaction():
             await conn.execute(sql.USER_TRANSACTION_LIMITS)
@@ -53,6 +77,11 @@ async def delete_if_orphan(conn: asyncpg.Connection, user_id: str, run: PurgeRun
             if await conn.fetchval(sql.STILL_IN_USE, user_id, run.now):
                 return Outcome.IN_USE
             await conn.execute(sql.DELETE_USER, user_id)
+            if trail.row_id is None:
+                row_id = await conn.fetchval(sql.AUDIT_ORPHAN_PURGE, run.now, json.dumps(metadata))
+            else:
+                row_id = trail.row_id
+                await conn.execute(sql.UPDATE_ORPHAN_AUDIT, row_id, json.dumps(metadata))
     except asyncpg.PostgresError as exc:
         log.warning(
             "purge.orphan_skipped",
@@ -61,6 +90,11 @@ async def delete_if_orphan(conn: asyncpg.Connection, user_id: str, run: PurgeRun
             error=f"{type(exc).__name__}: {exc}",
         )
         return Outcome.FAILED
+    # Committed: only now does the tally move.
+    trail.row_id = row_id
+    trail.deleted = metadata["deleted"]
+    trail.sample = metadata["sample"]
+    run.count(1)
     return Outcome.DELETED
 
 
@@ -73,8 +107,8 @@ async def purge_orphan_users(conn: asyncpg.Connection, run: PurgeRun, rule: Orph
     limits = rule.limits
     # One jsonb parameter, never a driver-serialised array, in a query that decides deletions.
     superadmins = json.dumps(sorted(rule.superadmins))
+    trail = AuditTrail(rule.retention_hours)
     passed: list[str] = []
-    sample: list[str] = []
     outcomes = dict.fromkeys(Outcome, 0)
     batches = 0
     started = time.monotonic()
@@ -83,25 +117,24 @@ async def purge_orphan_users(conn: asyncpg.Connection, run: PurgeRun, rule: Orph
         while batches < limits.max_batches:
             if batches and time.monotonic() - started >= limits.time_budget_seconds:
                 break
-            rows = await conn.fetch(
-                sql.ORPHAN_CANDIDATES,
-                run.now,
-                rule.retention_hours,
-                superadmins,
-                json.dumps(passed),
-                limits.batch_size,
-                timeout=limits.statement_timeout_seconds,
-            )
+            cap = limits.statement_timeout_seconds
+            with capped(cap, "the orphan candidate scan"):
+                rows = await conn.fetch(
+                    sql.ORPHAN_CANDIDATES,
+                    run.now,
+                    rule.retention_hours,
+                    superadmins,
+                    json.dumps(passed),
+                    limits.batch_size,
+                    timeout=cap,
+                )
             batches += 1
             progressed = 0
             for row in rows:
-                outcome = await delete_if_orphan(conn, row["id"], run)
+                outcome = await delete_if_orphan(conn, run, trail, row["id"], row["email"])
                 outcomes[outcome] += 1
                 if outcome is Outcome.DELETED:
-                    run.count(1)
                     progressed += 1
-                    if len(sample) < SAMPLE_SIZE:
-                        sample.append(row["email"])
                 else:
                     # Never offered again this run, so a kept user cannot fill a later batch.
                     passed.append(row["id"])
@@ -116,13 +149,6 @@ async def purge_orphan_users(conn: asyncpg.Connection, run: PurgeRun, rule: Orph
             kept_on_recheck=outcomes[Outcome.IN_USE],
             skipped=outcomes[Outcome.FAILED],
         )
-        if run.deleted:
-            metadata = {
-                "deleted": run.deleted,
-                "retention_hours": rule.retention_hours,
-                "sample": sample,
-            }
-            await conn.execute(sql.AUDIT_ORPHAN_PURGE, run.now, json.dumps(metadata))
 
 
 def orphan_body(rule: OrphanRule) -> PurgeBody:

@@ -104,10 +104,18 @@ DELETE FROM public."user" WHERE id = $1
 """
 
 AUDIT_ORPHAN_PURGE = """
--- one instance-level system row per orphan-purge run that deleted any user.
+-- orphan-user-purge: the run's one instance-level system row, inserted in the transaction of
+-- the run's first deletion, stamped with the run's clock.
 INSERT INTO public.audit_log
     (workspace_id, actor_via, principal, action, resource_type, resource_id, metadata, created_at)
 VALUES (NULL, 'system', NULL, 'user.orphan_purge', 'user', NULL, $2::jsonb, $1::timestamptz)
+RETURNING id
+"""
+
+UPDATE_ORPHAN_AUDIT = """
+-- orphan-user-purge: the run's audit row, updated in the transaction of each later deletion, so
+-- its count and sample match the deletions exactly even if the run dies half-way.
+UPDATE public.audit_log SET metadata = $2::jsonb WHERE id = $1
 """
 
 RECORD_RUN = """
