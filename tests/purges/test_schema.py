@@ -161,4 +161,4 @@ async def test_two_queue_schemas_can_migrate_one_database_at_once(empty_db_url: 
     finally:
         await first.close()
         await second.close()
-    assert applied == [list(range(1, latest_version() + 1))] * 2
+    assert list(applied) == [list(range(1, latest_version() + 1))] * 2
