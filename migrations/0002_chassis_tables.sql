@@ -106,7 +106,9 @@ CREATE TABLE IF NOT EXISTS public.idempotency_keys (
 
 -- The indexes the purges depend on. Each is created only when the table has no valid index
 -- leading with the same key already: an app that brought its own audit_log(created_at) index
--- under another name does not get a second copy of a possibly huge index.
+-- under another name does not get a second copy of a possibly huge index. On an app's table this
+-- role does not own, a missing index is reported, not created: only the owner may create it, and
+-- failing the whole migration would keep every worker from starting over a slower purge.
 DO $$
 DECLARE
     wanted record;
@@ -137,13 +139,23 @@ BEGIN
              'CREATE INDEX invitations_lower_email_idx ON public.invitations (lower(email))')
         ) AS w (tbl, lead, ddl)
     LOOP
-        IF NOT EXISTS (
+        IF EXISTS (
             SELECT 1 FROM pg_index i
             WHERE i.indrelid = wanted.tbl::regclass
               AND i.indisvalid
               AND pg_get_indexdef(i.indexrelid, 1, true) = wanted.lead
         ) THEN
+            CONTINUE;
+        END IF;
+        IF pg_has_role(
+            current_user,
+            (SELECT relowner FROM pg_class WHERE oid = wanted.tbl::regclass),
+            'USAGE'
+        ) THEN
             EXECUTE wanted.ddl;
+        ELSE
+            RAISE WARNING 'chassis-worker: % has no index leading with %, so its purge scans '
+                'the table; as its owner, run: %', wanted.tbl, wanted.lead, wanted.ddl;
         END IF;
     END LOOP;
 END

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 
@@ -162,3 +163,40 @@ async def test_two_queue_schemas_can_migrate_one_database_at_once(empty_db_url: 
         await first.close()
         await second.close()
     assert list(applied) == [list(range(1, latest_version() + 1))] * 2
+
+
+async def test_an_app_table_owned_by_another_role_is_left_without_a_new_index(
+    admin_url: str, empty_db_url: str
+) -> None:
+    """A worker role that does not own an app's audit_log migrates anyway, leaving that table
+    unindexed (only its owner may add the index) and indexing the tables it creates."""
+    role = f"chassis_t_{uuid.uuid4().hex[:12]}"
+    database = empty_db_url.rsplit("/", 1)[1]
+    owner = await asyncpg.connect(empty_db_url)
+    try:
+        await owner.execute(f"CREATE ROLE {role} LOGIN")
+        await owner.execute(f'GRANT CREATE ON DATABASE "{database}" TO {role}')
+        await owner.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {role}")
+        await owner.execute(
+            "CREATE TABLE public.audit_log (id bigserial PRIMARY KEY, workspace_id text, "
+            "actor_via text NOT NULL, principal text, action text NOT NULL, "
+            "resource_type text NOT NULL, resource_id text, metadata jsonb, "
+            "created_at timestamptz NOT NULL DEFAULT now())"
+        )
+        worker = await asyncpg.connect(empty_db_url, user=role)
+        try:
+            await migrate(worker, "jobs", lock_timeout=30)
+        finally:
+            await worker.close()
+        leads = {(r["tbl"], r["lead"]) for r in await owner.fetch(LEADING_KEYS)}
+    finally:
+        await owner.close()
+        # The role owns objects in the test database: drop that first, then the role.
+        admin = await asyncpg.connect(admin_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        finally:
+            await admin.close()
+    assert ("audit_log", "created_at") not in leads
+    assert leads >= PURGE_INDEXES - {("audit_log", "created_at")}
