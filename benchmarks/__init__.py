@@ -1,0 +1,36 @@
+"""``make bench``: the queue engine's figures, each next to its target and to pgqueuer's.
+
+How to read the output
+----------------------
+
+Every figure is measured in this sitting, on a fresh scratch database on 127.0.0.1:5432 that is
+created for it and dropped after it, three times; the figure shown is the median of the three
+runs (the three raw values follow in brackets). The machine has 2 cores shared by PostgreSQL, the
+worker, the benchmark itself and whoever else runs tests right now, so figures are noisy: a
+single run that misses a target by a few percent means little, a median that misses it by a
+factor means a lot.
+
+* ``send_many``: jobs/s of ``Sender.send_many`` with 20,000 jobs in one call, and with the same
+  20,000 sent as 20 sequential calls of 1,000 (pgqueuer's and pg-boss's way of measuring).
+* ``send``: latency of one ``Sender.send``, awaited in sequence (5,000 sends after a warm-up);
+  p50 and p99 in milliseconds. It includes the commit (``synchronous_commit`` as the server has
+  it).
+* ``drain``: 60,000 no-op jobs sent before one real worker process (``python -m worker run``)
+  starts; jobs/s from the first claim to the last completion, both read from the database
+  (``min(started_at)`` to ``max(completed_at)``), so process start-up is not counted.
+* ``pgqueuer drain``: the same 60,000 jobs drained by pgqueuer (PyPI, separate venv under
+  ``benchmarks/.peers/``) through ``pgqueuer.run(...)`` with a no-op entrypoint and batch 50,
+  timed the same way from its log table (first ``picked`` to last ``successful``). The ratio
+  ``drain / pgqueuer drain`` is computed per run, then the median is taken.
+* ``pickup latency``: jobs sent at ~100 jobs/s from this process to a running worker; time from
+  just before ``send`` to the first line of the handler (same machine, same clock).
+* ``idle``: an idle worker with 7 queues (the 6 chassis queues and one tool queue) over 30 s:
+  transactions committed in its database (``pg_stat_database.xact_commit``, read from another
+  database so the measurement adds none) and WAL bytes (``pg_current_wal_lsn()`` difference).
+  WAL is cluster-wide: the figure is only the worker's when nothing else writes, so the output
+  says whether other databases wrote during the window.
+* ``peak RSS``: ``VmHWM`` of the worker process right after its drain.
+
+Helpers started by others add ``benchmarks/purge.py`` and ``benchmarks/ingest.py``; when they
+exist, their ``main()`` runs after the queue figures.
+"""

@@ -1,0 +1,286 @@
+"""``python -m benchmarks``: every queue figure three times, then the helpers' benchmarks, then
+one summary table (see the package docstring for how to read it)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+import asyncpg
+
+from worker.logging import configure_logging
+
+from . import drain, enqueue, idle, latency, peer
+from .common import RUNS, admin_url, median
+from .report import Row, measured, render
+
+MB = 1024 * 1024
+
+
+def progress(message: str) -> None:
+    """One line per finished measurement, so a long run shows it is alive."""
+    print(f"  {time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+async def server_facts() -> str:
+    """The PostgreSQL version and the settings that move these figures."""
+    conn = await asyncpg.connect(admin_url())
+    try:
+        version = await conn.fetchval("SHOW server_version")
+        settings = {
+            name: await conn.fetchval(f"SHOW {name}")
+            for name in ("synchronous_commit", "fsync", "shared_buffers")
+        }
+    finally:
+        await conn.close()
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return f"PostgreSQL {version} on 127.0.0.1:5432 ({shown}); {os.cpu_count()} cores"
+
+
+async def queue_figures() -> tuple[list[Row], list[str]]:
+    """Measure every queue figure ``RUNS`` times; return the rows and the notes."""
+    pgq_version = await anyio.to_thread.run_sync(peer.ensure_venv)
+    facts = await server_facts()
+    progress(f"{facts}; pgqueuer {pgq_version} in {peer.VENV.relative_to(peer.PEERS.parent)}")
+    many, chunked, p50s, p99s = [], [], [], []
+    ours, theirs, ratios, rss = [], [], [], []
+    pick50, pick99, commits, wal = [], [], [], []
+    idle_runs: list[idle.IdleResult] = []
+    for run in range(RUNS):
+        one, chunks = await enqueue.send_many_rate()
+        many.append(one)
+        chunked.append(chunks)
+        progress(f"run {run + 1}: send_many {one:,.0f} jobs/s (chunks of 1,000: {chunks:,.0f})")
+        p50, p99 = await enqueue.single_send_latency()
+        p50s.append(p50)
+        p99s.append(p99)
+        progress(f"run {run + 1}: send p50 {p50:.3f} ms, p99 {p99:.3f} ms")
+        # Alternate which drain goes first, so neither always gets the quieter moment.
+        if run % 2 == 0:
+            mine = await drain.drain_once()
+            other = await peer.pgqueuer_drain()
+        else:
+            other = await peer.pgqueuer_drain()
+            mine = await drain.drain_once()
+        ours.append(mine.rate)
+        theirs.append(other.rate)
+        ratios.append(mine.rate / other.rate)
+        rss.append(mine.peak_rss_bytes / MB)
+        progress(
+            f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s, "
+            f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f} MB"
+        )
+        p50, p99 = await latency.pickup_latency()
+        pick50.append(p50)
+        pick99.append(p99)
+        progress(f"run {run + 1}: pickup p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        result = await idle.idle_cost()
+        idle_runs.append(result)
+        commits.append(float(result.commits))
+        wal.append(float(result.wal_bytes))
+        progress(
+            f"run {run + 1}: idle {result.commits} commits, {result.wal_bytes:,} WAL bytes "
+            f"(cluster-wide; other databases wrote meanwhile: {result.others_wrote}; "
+            f"rows written in the worker's database: {result.own_writes})"
+        )
+    rows = [
+        measured(
+            "send_many 20,000 jobs, one call",
+            many,
+            "jobs/s",
+            ">= 60,000 jobs/s",
+            lambda v: v >= 60_000,
+            peer="pgqueuer 57,000 (chunks of 1,000)",
+        ),
+        measured(
+            "send_many 20,000 jobs, chunks of 1,000",
+            chunked,
+            "jobs/s",
+            ">= 60,000 jobs/s",
+            lambda v: v >= 60_000,
+            peer="pgqueuer 57,000",
+        ),
+        measured(
+            "send p50 (in sequence)",
+            p50s,
+            "ms",
+            "<= 0.35 ms",
+            lambda v: v <= 0.35,
+            digits=3,
+            peer="pgqueuer 0.37",
+        ),
+        measured(
+            "send p99 (in sequence)",
+            p99s,
+            "ms",
+            "<= 1 ms",
+            lambda v: v <= 1.0,
+            digits=3,
+            peer="pgqueuer 0.70",
+        ),
+        measured(
+            f"drain 60,000 no-op jobs, one worker ({drain.SETTINGS})",
+            ours,
+            "jobs/s",
+            "-",
+            None,
+            peer="pgqueuer 15,000 (batch 50)",
+        ),
+        measured(
+            f"pgqueuer {pgq_version} drain, same sitting (batch {peer.BATCH})",
+            theirs,
+            "jobs/s",
+            "-",
+            None,
+        ),
+        measured(
+            "drain ratio ours / pgqueuer",
+            ratios,
+            "x",
+            ">= 1.2x",
+            lambda v: v >= 1.2,
+            digits=2,
+        ),
+        measured(
+            "pickup latency p50 at 100 jobs/s",
+            pick50,
+            "ms",
+            "<= 3 ms",
+            lambda v: v <= 3.0,
+            digits=2,
+            peer="pgqueuer 2.9",
+        ),
+        measured(
+            "pickup latency p99 at 100 jobs/s",
+            pick99,
+            "ms",
+            "<= 5 ms",
+            lambda v: v <= 5.0,
+            digits=2,
+            peer="pgqueuer 4.4",
+        ),
+        measured(
+            "idle worker, 7 queues, 30 s: commits",
+            commits,
+            "",
+            "<= 15",
+            lambda v: v <= 15,
+            peer="pgqueuer 40 (one queue)",
+        ),
+        _wal_row(wal, idle_runs),
+        measured(
+            "worker peak RSS (VmHWM after the drain)",
+            rss,
+            "MB",
+            "<= 60 MB",
+            lambda v: v <= 60,
+            digits=1,
+            peer="pgqueuer 47",
+        ),
+    ]
+    notes = [
+        facts + f"; Python {platform.python_version()}.",
+        f"Each figure: median of {RUNS} runs, each on a fresh scratch database (created, used, "
+        "dropped). 2 cores are shared with PostgreSQL and with other developers' test runs: "
+        "figures are noisy.",
+        f"pgqueuer {pgq_version} from PyPI in benchmarks/.peers/pgqueuer, run through "
+        f"pgqueuer.run(factory, batch_size={peer.BATCH}, mode=drain) on uvloop; both drains "
+        "timed from the database (first claim/pick to last completion/success).",
+        "The peer column quotes issue 2's medians from 2026-11-29; only the drain ratio is "
+        "measured side by side here.",
+    ]
+    return rows, notes
+
+
+def _wal_row(wal: list[float], runs: list[idle.IdleResult]) -> Row:
+    """WAL is cluster-wide: the figure is the worker's only in runs where nobody else wrote."""
+    quiet = [r.wal_bytes for r in runs if not r.others_wrote]
+    own_writes = sum(r.own_writes for r in runs)
+    if quiet:
+        value = median(quiet)
+        return Row(
+            "idle worker, 30 s: WAL bytes (quiet runs)",
+            "0 bytes",
+            f"{value:,.0f} bytes",
+            value == 0,
+            "[" + ", ".join(f"{w:,.0f}" for w in wal) + "]",
+            "procrastinate ~1 KB",
+        )
+    return Row(
+        "idle worker, 30 s: WAL bytes (cluster busy)",
+        "0 bytes",
+        f"n/a; worker's db wrote {own_writes} rows",
+        own_writes == 0 if own_writes else None,
+        "[" + ", ".join(f"{w:,.0f}" for w in wal) + "]",
+        "procrastinate ~1 KB",
+    )
+
+
+def helper_figures() -> tuple[list[Row], list[str]]:
+    """Run ``benchmarks.purge`` and ``benchmarks.ingest`` (when present); collect their rows.
+
+    A helper's ``main()`` may be sync or async. If it returns an iterable of :class:`Row` (or of
+    ``(figure, target, value, met)`` tuples), those join the summary table.
+    """
+    rows: list[Row] = []
+    notes: list[str] = []
+    for name in ("purge", "ingest"):
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"benchmarks.{name}":
+                continue
+            raise
+        entry = getattr(module, "main", None)
+        if entry is None:
+            continue
+        print(f"\n== benchmarks.{name} ==", flush=True)
+        try:
+            result: Any = entry()
+            if inspect.isawaitable(result):
+                awaitable = result
+
+                async def wait(awaitable: Any = awaitable) -> Any:
+                    return await awaitable
+
+                result = anyio.run(wait, backend_options={"use_uvloop": True})
+        except Exception as exc:
+            notes.append(f"benchmarks.{name} failed: {type(exc).__name__}: {exc}")
+            continue
+        rows.extend(_as_rows(result))
+    return rows, notes
+
+
+def _as_rows(result: Any) -> Iterable[Row]:
+    if not isinstance(result, Iterable) or isinstance(result, str | bytes | dict):
+        return []
+    out = []
+    for item in result:
+        if isinstance(item, Row):
+            out.append(item)
+        elif isinstance(item, tuple) and len(item) == 4:
+            figure, target, value, met = item
+            out.append(Row(str(figure), str(target), str(value), met))
+    return out
+
+
+def main() -> int:
+    """Run everything and print the summary table; exit 0 even when a target is missed."""
+    configure_logging("warning", "console")
+    print("== queue benchmarks ==", flush=True)
+    rows, notes = anyio.run(queue_figures, backend_options={"use_uvloop": True})
+    helper_rows, helper_notes = helper_figures()
+    print("\n== summary ==")
+    print(render([*rows, *helper_rows], [*notes, *helper_notes]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The drain of 60,000 no-op jobs by one real worker process, and its peak RSS."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import anyio
+import asyncpg
+
+from api_sender import Sender
+
+from .common import install_queues, scratch_database, start_worker
+from .noop import DRAIN, DRAIN_BATCH, DRAIN_CONCURRENCY, DRAIN_QUEUE
+
+DRAIN_JOBS = 60_000
+FILL_CHUNK = 5_000
+DRAIN_TIMEOUT = 300.0
+
+#: What ``describe`` says about the worker's settings in the output.
+SETTINGS = f"batch_size={DRAIN_BATCH}, concurrency={DRAIN_CONCURRENCY}"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """One drain: its rate from the database's clock and the worker's peak RSS."""
+
+    jobs: int
+    seconds: float
+    peak_rss_bytes: int
+
+    @property
+    def rate(self) -> float:
+        """Jobs per second, first claim to last completion."""
+        return self.jobs / self.seconds
+
+
+_FINISHED = """
+SELECT NOT EXISTS (SELECT 1 FROM jobs.job WHERE queue = $1 AND state < 'active')
+   AND NOT EXISTS (SELECT 1 FROM jobs.job WHERE queue = $1 AND state = 'active')
+"""
+
+_SPAN = """
+SELECT count(*) FILTER (WHERE state = 'completed') AS done,
+       extract(epoch FROM max(completed_at) - min(started_at))::float8 AS seconds
+FROM jobs.job WHERE queue = $1
+"""
+
+
+async def fill(url: str, jobs: int) -> None:
+    """Send ``jobs`` no-op jobs to the drain queue (before any worker runs)."""
+    async with Sender.connect(url, min_size=1, max_size=1) as sender:
+        for i in range(0, jobs, FILL_CHUNK):
+            await sender.send_many(DRAIN_QUEUE, [{"n": n} for n in range(i, i + FILL_CHUNK)])
+
+
+async def wait_finished(conn: asyncpg.Connection, queue: str, timeout: float) -> None:
+    """Poll (every 0.25 s, two index probes) until no job of ``queue`` waits or runs."""
+    deadline = time.monotonic() + timeout
+    while not await conn.fetchval(_FINISHED, queue):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{queue} not drained after {timeout}s")
+        await anyio.sleep(0.25)
+
+
+async def drain_once() -> DrainResult:
+    """Fill a fresh database, start one worker, time its drain from the database."""
+    async with scratch_database("drain") as url:
+        await install_queues(url, DRAIN)
+        await fill(url, DRAIN_JOBS)
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("VACUUM ANALYZE jobs.job")
+            daemon = start_worker(url, "benchmarks.noop:DRAIN")
+            try:
+                await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
+                rss = daemon.peak_rss_bytes()
+            finally:
+                daemon.stop()
+            row = await conn.fetchrow(_SPAN, DRAIN_QUEUE)
+        finally:
+            await conn.close()
+    assert row is not None
+    if row["done"] != DRAIN_JOBS:
+        raise RuntimeError(f"drain completed {row['done']} of {DRAIN_JOBS} jobs")
+    return DrainResult(DRAIN_JOBS, row["seconds"], rss)

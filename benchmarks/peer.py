@@ -1,0 +1,102 @@
+"""pgqueuer side by side: its own venv under ``benchmarks/.peers/``, its drain timed like ours."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import asyncpg
+
+from .common import ROOT, scratch_database
+
+PEERS = ROOT / "benchmarks" / ".peers"
+VENV = PEERS / "pgqueuer"
+PYTHON = VENV / "bin" / "python"
+SCRIPT = Path(__file__).with_name("pgqueuer_drain.py")
+#: The requested version; the newest release is taken when no 1.6.x exists.
+WANTED = "pgqueuer[asyncpg]==1.6.*"
+FALLBACK = "pgqueuer[asyncpg]"
+BATCH = 50
+JOBS = 60_000
+
+_SPAN = """
+SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'successful') AS done,
+       extract(epoch FROM (SELECT max(created) FROM pgqueuer_log WHERE status = 'successful')
+                        - (SELECT min(created) FROM pgqueuer_log WHERE status = 'picked'))::float8
+           AS seconds
+"""
+
+
+def ensure_venv() -> str:
+    """Create the peer venv on first use; return the installed pgqueuer version."""
+    if not PYTHON.exists():
+        PEERS.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    if _version() is None:
+        done = subprocess.run([*pip, WANTED, "uvloop"], check=False, capture_output=True)
+        if done.returncode != 0:
+            subprocess.run([*pip, FALLBACK, "uvloop"], check=True)
+    version = _version()
+    if version is None:
+        raise RuntimeError("pgqueuer did not install into the peer venv")
+    return version
+
+
+def _version() -> str | None:
+    done = subprocess.run(
+        [str(PYTHON), "-c", "import importlib.metadata as m; print(m.version('pgqueuer'))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDrain:
+    """One pgqueuer drain, timed from its log table."""
+
+    jobs: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Jobs per second, first pick to last success."""
+        return self.jobs / self.seconds
+
+
+def _peer(*args: str, timeout: float) -> None:
+    done = subprocess.run(
+        [str(PYTHON), str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=PEERS,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"pgqueuer {args[0]} failed:\n{done.stdout}\n{done.stderr}")
+
+
+async def pgqueuer_drain() -> PeerDrain:
+    """Fill a fresh database with 60,000 jobs, drain them with ``pgqueuer.run``, batch 50."""
+    async with scratch_database("pgqueuer") as url:
+        await anyio.to_thread.run_sync(lambda: _peer("fill", url, str(JOBS), timeout=300))
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("VACUUM ANALYZE pgqueuer")
+            started = time.monotonic()
+            await anyio.to_thread.run_sync(lambda: _peer("drain", url, str(BATCH), timeout=600))
+            wall = time.monotonic() - started
+            row = await conn.fetchrow(_SPAN)
+        finally:
+            await conn.close()
+    assert row is not None
+    if row["done"] != JOBS:
+        raise RuntimeError(f"pgqueuer completed {row['done']} of {JOBS} jobs in {wall:.1f}s")
+    return PeerDrain(JOBS, row["seconds"])
