@@ -136,3 +136,14 @@ async def in_database(state: ServiceState, work: Callable[[Sender], Awaitable[T]
     except TRANSIENT_ERRORS as exc:
         log.warning("ingest.database_unreachable", error=f"{type(exc).__name__}: {exc}")
         raise HttpError(503, "database unreachable") from None
+    except asyncpg.InsufficientPrivilegeError as exc:
+        # A deployment fault, not the caller's: say so in JSON rather than a bare 500.
+        log.error(
+            "ingest.permission_denied",
+            error=str(exc),
+            hint="grant the api role its rights on the queue schema (config/roles.sql)",
+        )
+        raise HttpError(500, "the database refused the write: permission denied") from None
+    except asyncpg.PostgresError as exc:
+        log.error("ingest.database_error", error=f"{type(exc).__name__}: {exc}")
+        raise HttpError(500, "database error; nothing was enqueued") from None
