@@ -47,8 +47,9 @@ def test_a_worker_killed_mid_batch_loses_nothing(
     second = start(daemons, db_url, tmp_path, **env)
     hub.wait_accepted(ids, timeout=90)
     seen = hub.snapshot()
-    # At-least-once: only events of the batches in flight at the kill may come twice.
-    assert 1 <= sum(seen.duplicates.values()) <= 2 * 50
+    # At-least-once: only events of the batches in flight at the kill may come twice (whether
+    # the hub still records the batch its dead client sent depends on timing, so 0 is fine).
+    assert sum(seen.duplicates.values()) <= 2 * 50
     assert set(seen.accepted) == ids
     assert log_events(second, "job.failed") or log_events(second, "usage.delivered")
 
