@@ -89,6 +89,15 @@ def check_known(applied: dict[int, str], migrations: list[Migration]) -> None:
             )
 
 
+def _log_notice(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+    level = getattr(message, "severity", "NOTICE")
+    text = getattr(message, "message", str(message))
+    if level in ("WARNING", "ERROR"):
+        log.warning("migrate.notice", severity=level, message=text)
+    else:
+        log.info("migrate.notice", severity=level, message=text)
+
+
 async def migrate(conn: asyncpg.Connection, schema: str, *, lock_timeout: float) -> list[int]:
     """Apply pending migrations on a dedicated connection; return the versions applied.
 
@@ -98,30 +107,36 @@ async def migrate(conn: asyncpg.Connection, schema: str, *, lock_timeout: float)
     migrations = load_migrations()
     q = quoted(schema)
     applied_now: list[int] = []
-    async with session_lock(conn, MIGRATE, schema, timeout=lock_timeout):
-        async with conn.transaction():
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {q}")
-            await conn.execute(
-                f"""CREATE TABLE IF NOT EXISTS {q}.schema_migration (
-                        version integer PRIMARY KEY,
-                        name text NOT NULL,
-                        applied_at timestamptz NOT NULL DEFAULT now())"""
-            )
-        applied = await applied_versions(conn, schema) or {}
-        check_known(applied, migrations)
-        for migration in migrations:
-            if migration.version in applied:
-                continue
+    # A migration reports what it could not do (an index on a table the app owns) as a server
+    # notice; asyncpg drops notices unless someone listens.
+    conn.add_log_listener(_log_notice)
+    try:
+        async with session_lock(conn, MIGRATE, schema, timeout=lock_timeout):
             async with conn.transaction():
-                await conn.execute(f"SET LOCAL search_path TO {q}, public")
-                await conn.execute(migration.sql)
+                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {q}")
                 await conn.execute(
-                    f"INSERT INTO {q}.schema_migration (version, name) VALUES ($1, $2)",
-                    migration.version,
-                    migration.name,
+                    f"""CREATE TABLE IF NOT EXISTS {q}.schema_migration (
+                            version integer PRIMARY KEY,
+                            name text NOT NULL,
+                            applied_at timestamptz NOT NULL DEFAULT now())"""
                 )
-            log.info(
-                "migrate.applied", schema=schema, version=migration.version, name=migration.name
-            )
-            applied_now.append(migration.version)
+            applied = await applied_versions(conn, schema) or {}
+            check_known(applied, migrations)
+            for migration in migrations:
+                if migration.version in applied:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL search_path TO {q}, public")
+                    await conn.execute(migration.sql)
+                    await conn.execute(
+                        f"INSERT INTO {q}.schema_migration (version, name) VALUES ($1, $2)",
+                        migration.version,
+                        migration.name,
+                    )
+                log.info(
+                    "migrate.applied", schema=schema, version=migration.version, name=migration.name
+                )
+                applied_now.append(migration.version)
+    finally:
+        conn.remove_log_listener(_log_notice)
     return applied_now
