@@ -28,15 +28,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/pytest -n 4 --dist loadgroup -q -p no:cacheprovider
+	$(BIN)/pytest -n 4 --dist loadgroup -q -p no:cacheprovider -m "not server_restart"
 
 ## Benchmarks: figures and ratios against pgqueuer, measured side by side.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
-## The fault drills of RELIABILITY.md, one line per drill.
+## The fault drills of RELIABILITY.md at full size, one line per drill (restarts the local
+## PostgreSQL cluster once; `make test` runs them small and without that restart).
 drills: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider -m drill -s tests/drills
+	DRILL_SCALE=full $(BIN)/pytest -q -p no:cacheprovider -m drill -s tests/drills
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

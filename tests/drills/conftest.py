@@ -15,6 +15,13 @@ _LINES: list[tuple[str, str, str, float]] = []
 _KEY = "drill_summary"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker of the drill that restarts the shared server."""
+    config.addinivalue_line(
+        "markers", "server_restart: restarts the shared PostgreSQL server (not in make test)"
+    )
+
+
 @pytest.fixture
 def drill_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record this drill's one summary line (the fault, what happened, nothing lost)."""

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
+from api_sender import Sender
 from tests.support.processes import Daemon, start_daemon
 from tests.support.tooljobs import DRILL_LEDGER_DDL
 
@@ -201,3 +203,119 @@ class Fleet:
                 with contextlib.suppress(ProcessLookupError):
                     daemon.signal(signal.SIGCONT)
                 daemon.kill()
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One answer of a daemon's HTTP listener."""
+
+    at: float
+    pid: int
+    path: str
+    status: int
+    seconds: float
+
+
+class Watch:
+    """Polls paths of each daemon from threads (one per daemon) and keeps every answer."""
+
+    def __init__(
+        self,
+        daemons: list[Daemon],
+        paths: tuple[str, ...] = ("/metrics", "/readyz"),
+        every: float = 0.25,
+        timeout: float = 5.0,
+    ) -> None:
+        self.samples: list[Sample] = []
+        self._daemons = daemons
+        self._paths = paths
+        self._every = every
+        self._timeout = timeout
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._poll, args=(d,), daemon=True) for d in daemons
+        ]
+
+    def __enter__(self) -> Watch:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self._timeout + 2)
+
+    def _poll(self, daemon: Daemon) -> None:
+        while not self._stop.is_set():
+            for path in self._paths:
+                began = time.time()
+                status, _ = daemon.get(path, timeout=self._timeout)
+                self.samples.append(Sample(began, daemon.pid, path, status, time.time() - began))
+            self._stop.wait(self._every)
+
+    def of(self, path: str, since: float = 0.0, until: float = float("inf")) -> list[Sample]:
+        """The answers on ``path`` begun between ``since`` and ``until`` (epoch seconds)."""
+        return [s for s in list(self.samples) if s.path == path and since <= s.at <= until]
+
+
+class Load:
+    """Sends ``batch`` jobs every ``every`` seconds while it runs, riding out database faults
+    (a failed send is retried at the next tick); keeps the id and send time of every job."""
+
+    def __init__(
+        self, url: str, queue: str, data: Callable[[int], Any], *, batch: int, every: float
+    ) -> None:
+        self.url = url
+        self.queue = queue
+        self.data = data
+        self.batch = batch
+        self.every = every
+        #: job id -> when its send returned (epoch seconds).
+        self.sent: dict[int, float] = {}
+        self.errors = 0
+        self.last_error = ""
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ids(self) -> set[int]:
+        """Every job sent so far."""
+        return set(self.sent)
+
+    async def __aenter__(self) -> Load:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+
+    async def _run(self) -> None:
+        n = 0
+        sender: Sender | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if sender is None:
+                        sender = await asyncio.wait_for(
+                            Sender.connect(self.url, min_size=1, max_size=1).open(), timeout=5
+                        )
+                    items = [self.data(n + i) for i in range(self.batch)]
+                    ids = await asyncio.wait_for(sender.send_many(self.queue, items), timeout=5)
+                    now = time.time()
+                    self.sent.update((job_id, now) for job_id in ids)
+                    n += self.batch
+                except Exception as exc:
+                    self.errors += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    if sender is not None:
+                        sender.pool.terminate()
+                        sender = None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=self.every)
+        finally:
+            if sender is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(sender.close(), timeout=5)

@@ -121,6 +121,7 @@ _DRILL_RETRYABLE: tuple[type[BaseException], ...] = (
     asyncpg.TooManyConnectionsError,
     asyncpg.AdminShutdownError,
     asyncpg.ReadOnlySQLTransactionError,
+    asyncpg.InternalClientError,
 )
 
 _drill_pool: asyncpg.Pool | None = None

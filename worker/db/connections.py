@@ -22,6 +22,10 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.TooManyConnectionsError,
     asyncpg.AdminShutdownError,
     asyncpg.ReadOnlySQLTransactionError,
+    # A backend terminated while its connection sat idle in the pool can leave asyncpg's
+    # protocol mid-error ("cannot switch to state N; another operation (2) is in progress",
+    # MagicStack/asyncpg#1069) until the socket's close is seen; the next try gets a new one.
+    asyncpg.InternalClientError,
     TimeoutError,
 )
 

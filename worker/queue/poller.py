@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import anyio
 import structlog
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from ..db.connections import TRANSIENT_ERRORS, backoff_delay
 from ..metrics import JOB_DURATION
@@ -50,7 +51,15 @@ class Poller:
     """Claims jobs of one queue when woken and runs them; stops cleanly on request.
 
     At most ``max(batch_size, concurrency)`` jobs (batches: ``concurrency`` batches) are held at
-    once, so one process never hoards work other replicas could run.
+    once, so one process never hoards work other replicas could run. A job is held from its
+    claim until its outcome is written, so a slow completion write slows claiming down instead
+    of piling up active jobs. Successes waiting to be written ride along with the next claim
+    (one statement, one commit), except on one-per-key queues.
+
+    Claimed work waits in a deque that the runners pop. The hot path costs no task switch per
+    job: a runner takes the next job itself when its handler returns, and wakes one idle runner
+    only while work is left over, so a handler that awaits hands the rest to the others. Each
+    runner keeps one cancel scope across jobs and moves its deadline to the job's expiry.
     """
 
     def __init__(
@@ -67,8 +76,20 @@ class Poller:
         self._holdings = holdings
         self._capacity = Waker()
         self._stopping = False
-        self._inflight = 0
+        self._interrupted = False
+        #: Jobs claimed whose outcome is not written yet (released by the completer).
+        self._held = 0
+        self._wants_room = False
+        self._piggyback = not consumer.one_per_key
+        completer.watch(consumer.queue, self._settled)
         self._running: set[anyio.CancelScope] = set()
+        self._work: deque[Work] = deque()
+        #: Runners waiting for work, each on its own event; ``_waking`` counts those set but
+        #: not yet running, so a burst of work wakes one spare runner at a time.
+        self._idle: deque[anyio.Event] = deque()
+        self._waking = 0
+        self._closed = False
+        self._duration = JOB_DURATION.labels(consumer.queue)
         if consumer.run_batch is not None:
             self._limit = consumer.batch_size * consumer.concurrency
         else:
@@ -90,126 +111,210 @@ class Poller:
 
     def cancel_running(self) -> None:
         """Interrupt running handlers (grace exceeded); their jobs are handed back."""
+        self._interrupted = True
         for scope in list(self._running):
             scope.cancel()
 
     async def run(self) -> None:
         """Fetch and run until stopped and every claimed job has an outcome."""
-        send, receive = anyio.create_memory_object_stream[Work](max_buffer_size=self._limit)
         try:
             async with anyio.create_task_group() as tg:
                 for _ in range(self.consumer.concurrency):
-                    tg.start_soon(self._runner, receive.clone())
-                receive.close()
-                await self._fetcher(send)
+                    tg.start_soon(self._runner)
+                try:
+                    await self._fetcher()
+                finally:
+                    self._closed = True
+                    while self._idle:
+                        self._idle.popleft().set()
         finally:
             self.stopped.set()
 
-    async def _fetcher(self, send: ObjectSendStream[Work]) -> None:
+    def _room(self) -> int:
+        """Free slots if this poller claimed now, counting the successes it would write."""
+        room = self._limit - self._held
+        if self._piggyback:
+            room += self._completer.untaken(self.consumer.queue)
+        return room
+
+    def _settled(self, n: int) -> None:
+        """The completer wrote ``n`` outcomes of this queue: their slots are free."""
+        self._held -= n
+        self._wake_fetcher()
+
+    def _wake_fetcher(self) -> None:
+        # Wake the fetcher only when it waits for room and there is enough now (not per job).
+        if self._wants_room and (self._room() >= self._threshold or self._held <= 0):
+            self._wants_room = False
+            self._capacity.wake()
+
+    async def _fetcher(self) -> None:
         consumer = self.consumer
+        queue = consumer.queue
         attempt = 0
-        async with send:
-            while not self._stopping:
-                generation = self.waker.generation
-                free = self._limit - self._inflight
-                if free < self._threshold and self._inflight > 0:
-                    await self._capacity.wait_since(self._capacity.generation)
-                    continue
-                want = min(consumer.batch_size, free)
-                try:
-                    jobs = await self._store.claim(
-                        consumer.queue, want, one_per_key=consumer.one_per_key
-                    )
-                    attempt = 0
-                except TRANSIENT_ERRORS as exc:
-                    delay = backoff_delay(attempt)
-                    attempt += 1
-                    log.warning(
-                        "poller.claim_failed",
-                        queue=consumer.queue,
-                        error=f"{type(exc).__name__}: {exc}",
-                        retry_in=round(delay, 2),
-                    )
-                    await anyio.sleep(delay)
-                    continue
-                if jobs:
-                    self._holdings.add(len(jobs))
-                    self._inflight += len(jobs)
-                    if consumer.run_batch is not None:
-                        await send.send(jobs)
-                    else:
-                        for job in jobs:
-                            await send.send(job)
-                if len(jobs) < want:
-                    await self.waker.wait_since(generation)
+        while not self._stopping:
+            generation = self.waker.generation
+            if self._room() < self._threshold and self._held > 0:
+                self._wants_room = True
+                await self._capacity.wait_since(self._capacity.generation)
+                continue
+            done = self._completer.take_done() if self._piggyback else []
+            mine = sum(1 for job in done if job.queue == queue)
+            want = min(consumer.batch_size, self._limit - self._held + mine)
+            try:
+                if done:
+                    jobs, lost = await self._store.complete_and_claim(done, queue, want)
+                    self._completer.settle_done(done, lost)
+                else:
+                    jobs = await self._store.claim(queue, want, one_per_key=consumer.one_per_key)
+                attempt = 0
+            except Exception as exc:
+                # Not written (or unknown: a second write of a written job matches nothing and
+                # is only logged as lease lost): the successes go out with the next flush.
+                self._completer.restore_done(done)
+                if not isinstance(exc, TRANSIENT_ERRORS):
+                    raise
+                delay = backoff_delay(attempt)
+                attempt += 1
+                log.warning(
+                    "poller.claim_failed",
+                    queue=consumer.queue,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in=round(delay, 2),
+                )
+                await anyio.sleep(delay)
+                continue
+            if jobs:
+                self._holdings.add(len(jobs))
+                self._held += len(jobs)
+                if consumer.run_batch is not None:
+                    self._work.append(jobs)
+                else:
+                    self._work.extend(jobs)
+                self._wake_runner()
+            if len(jobs) < want:
+                await self.waker.wait_since(generation)
 
-    async def _runner(self, receive: ObjectReceiveStream[Work]) -> None:
-        async with receive:
-            async for work in receive:
-                batch = work if isinstance(work, list) else [work]
+    def _wake_runner(self) -> None:
+        """Wake one idle runner unless one is already on its way."""
+        if self._waking == 0 and self._idle:
+            self._waking += 1
+            self._idle.popleft().set()
+
+    async def _next(self) -> Work | None:
+        """The next claimed work, or ``None`` once the fetcher is done and nothing is left."""
+        while not self._work:
+            if self._closed:
+                return None
+            event = anyio.Event()
+            self._idle.append(event)
+            try:
+                await event.wait()
+            finally:
+                if event.is_set():
+                    self._waking -= 1
+                else:
+                    self._idle.remove(event)
+        work = self._work.popleft()
+        if self._work:
+            self._wake_runner()
+        return work
+
+    def _done(self, n: int) -> None:
+        """``n`` outcomes were handed to the completer: a claim may now carry them."""
+        if self._wants_room:
+            self._wake_fetcher()
+
+    async def _runner(self) -> None:
+        # Each runner is its own task with its own context: bind the queue once, the job per run.
+        structlog.contextvars.bind_contextvars(queue=self.queue)
+        finished = False
+        while not finished:
+            current: Work | None = None
+            with anyio.CancelScope() as scope:
+                self._running.add(scope)
                 try:
-                    if self._stopping:
-                        for job in batch:
-                            self._completer.handed_back(job)
-                    elif isinstance(work, list):
-                        await self._run_batch(work)
-                    else:
-                        await self._run_one(work)
+                    while True:
+                        current = None
+                        work = await self._next()
+                        if work is None:
+                            finished = True
+                            break
+                        current = work
+                        if self._stopping:
+                            self._hand_back(work)
+                        elif isinstance(work, list):
+                            await self._run_batch(work, scope)
+                        else:
+                            await self._run_one(work, scope)
+                        current = None
                 finally:
-                    self._inflight -= len(batch)
-                    self._capacity.wake()
+                    self._running.discard(scope)
+            if scope.cancelled_caught and current is not None:
+                self._interrupted_work(current)
 
-    async def _run_one(self, job: ClaimedJob) -> None:
+    def _hand_back(self, work: Work) -> None:
+        jobs = work if isinstance(work, list) else [work]
+        for job in jobs:
+            self._completer.handed_back(job)
+        self._done(len(jobs))
+
+    def _interrupted_work(self, work: Work) -> None:
+        """A runner's scope was cancelled mid-run: grace exceeded (hand back) or expired."""
+        jobs = work if isinstance(work, list) else [work]
+        if self._interrupted:
+            for job in jobs:
+                self._completer.handed_back(job)
+        elif isinstance(work, list):
+            expire = min(job.expire_seconds for job in jobs)
+            for job in jobs:
+                self._completer.failed(job, f"expired: batch ran past {expire}s")
+        else:
+            self._completer.failed(work, f"expired: ran past {work.expire_seconds}s")
+        self._done(len(jobs))
+
+    async def _run_one(self, job: ClaimedJob, scope: anyio.CancelScope) -> None:
         run_job = self.consumer.run_job
         assert run_job is not None
         started = time.perf_counter()
-        with anyio.CancelScope() as scope:
-            self._running.add(scope)
-            try:
-                with structlog.contextvars.bound_contextvars(
-                    job_id=job.id, queue=job.queue, attempt=job.attempt
-                ):
-                    with anyio.fail_after(job.expire_seconds):
-                        await run_job(job)
-                self._completer.succeeded(job)
-            except TimeoutError:
-                self._completer.failed(job, f"expired: ran past {job.expire_seconds}s")
-            except Exception as exc:
-                self._completer.failed(job, f"{type(exc).__name__}: {exc}")
-            finally:
-                self._running.discard(scope)
-        if scope.cancelled_caught:
-            self._completer.handed_back(job)
-        JOB_DURATION.labels(job.queue).observe(time.perf_counter() - started)
+        structlog.contextvars.bind_contextvars(job_id=job.id, attempt=job.attempt)
+        scope.deadline = anyio.current_time() + job.expire_seconds
+        try:
+            await run_job(job)
+            self._completer.succeeded(job)
+        except TimeoutError:
+            self._completer.failed(job, f"expired: ran past {job.expire_seconds}s")
+        except Exception as exc:
+            self._completer.failed(job, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+        scope.deadline = math.inf
+        self._done(1)
 
-    async def _run_batch(self, jobs: list[ClaimedJob]) -> None:
+    async def _run_batch(self, jobs: list[ClaimedJob], scope: anyio.CancelScope) -> None:
         run_batch = self.consumer.run_batch
         assert run_batch is not None
         expire = min(job.expire_seconds for job in jobs)
         started = time.perf_counter()
-        with anyio.CancelScope() as scope:
-            self._running.add(scope)
-            try:
-                with structlog.contextvars.bound_contextvars(queue=self.queue, batch=len(jobs)):
-                    with anyio.fail_after(expire):
-                        failures = await run_batch(jobs)
-                failures = failures or {}
-                for job in jobs:
-                    error = failures.get(job.id)
-                    if error is None:
-                        self._completer.succeeded(job)
-                    else:
-                        self._completer.failed(job, error)
-            except TimeoutError:
-                for job in jobs:
-                    self._completer.failed(job, f"expired: batch ran past {expire}s")
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                for job in jobs:
-                    self._completer.failed(job, error)
-            finally:
-                self._running.discard(scope)
-        if scope.cancelled_caught:
+        structlog.contextvars.bind_contextvars(batch=len(jobs))
+        scope.deadline = anyio.current_time() + expire
+        try:
+            failures = await run_batch(jobs)
+            failures = failures or {}
             for job in jobs:
-                self._completer.handed_back(job)
-        JOB_DURATION.labels(self.queue).observe(time.perf_counter() - started)
+                error = failures.get(job.id)
+                if error is None:
+                    self._completer.succeeded(job)
+                else:
+                    self._completer.failed(job, error)
+        except TimeoutError:
+            for job in jobs:
+                self._completer.failed(job, f"expired: batch ran past {expire}s")
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            for job in jobs:
+                self._completer.failed(job, error)
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+        scope.deadline = math.inf
+        self._done(len(jobs))

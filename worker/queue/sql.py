@@ -62,11 +62,59 @@ RETURNING {cols}
 COMPLETE = """
 -- complete: a batch in one statement, fenced on owner and attempt. A job rescued from this
 -- worker (or expired) no longer matches and is left alone; its id is missing from the result.
+-- The rows are found by primary key (id = ANY), never through job_active: that index holds
+-- every active job of this owner, and a nested loop over it grows with the square of the batch.
 UPDATE {s}.job j
 SET state = 'completed', completed_at = now()
 FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
-WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = $3 AND j.state = 'active'
+WHERE j.id = ANY($1::bigint[]) AND j.id = d.id AND j.attempt = d.attempt
+  AND j.locked_by = $3 AND j.state = 'active'
 RETURNING j.id
+"""
+
+COMPLETE_LOST = """
+-- complete, as above, returning only the ids that did NOT match (lease lost): usually none, so
+-- the answer is one empty array however large the batch.
+WITH done AS (
+    UPDATE {s}.job j
+    SET state = 'completed', completed_at = now()
+    FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
+    WHERE j.id = ANY($1::bigint[]) AND j.id = d.id AND j.attempt = d.attempt
+      AND j.locked_by = $3 AND j.state = 'active'
+    RETURNING j.id
+)
+SELECT ARRAY(SELECT unnest($1::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
+"""
+
+COMPLETE_AND_CLAIM = """
+-- complete, then claim: the outcomes of the previous batch ($4 ids, $5 attempts, fenced on owner
+-- $3 and attempt exactly as in complete) and the next batch of queue $1 (exactly as in claim) in
+-- one statement, one round trip and one commit. The two touch disjoint rows (active vs waiting),
+-- and a job is completed only if this statement commits, as with complete alone. Every row
+-- carries the same "lost" array: the completed ids that did not match (usually empty). With no
+-- job claimed, one row comes back whose job columns are NULL.
+WITH done AS (
+    UPDATE {s}.job j
+    SET state = 'completed', completed_at = now()
+    FROM unnest($4::bigint[], $5::int[]) AS d(id, attempt)
+    WHERE j.id = ANY($4::bigint[]) AND j.id = d.id AND j.attempt = d.attempt
+      AND j.locked_by = $3 AND j.state = 'active'
+    RETURNING j.id
+), next AS (
+    SELECT id FROM {s}.job
+    WHERE queue = $1 AND state < 'active' AND start_after <= now()
+    ORDER BY priority DESC, start_after, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {s}.job j
+    SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
+    FROM next WHERE j.id = next.id
+    RETURNING {cols}
+), lost AS (
+    SELECT ARRAY(SELECT unnest($4::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
+)
+SELECT lost.lost, c.* FROM lost LEFT JOIN claimed c ON true
 """
 
 FAIL = """
@@ -321,6 +369,8 @@ class QueueStatements:
     claim: str
     claim_one_per_key: str
     complete: str
+    complete_lost: str
+    complete_and_claim: str
     fail: str
     hand_back: str
     heartbeat: str

@@ -38,9 +38,29 @@ class JobStore:
             # Another replica claimed a job of the same key at the same instant: the policy
             # index refused ours. Nothing was claimed; the next round sees the active job.
             return []
-        jobs = [ClaimedJob.from_row(queue, row) for row in rows]
-        jobs.sort(key=lambda job: (-job.priority, job.id))
-        return jobs
+        return _ordered([ClaimedJob.from_row(queue, row) for row in rows])
+
+    async def complete_and_claim(
+        self, done: Sequence[ClaimedJob], queue: str, limit: int
+    ) -> tuple[list[ClaimedJob], set[int]]:
+        """Complete ``done`` and claim up to ``limit`` jobs of ``queue`` in one statement.
+
+        Returns the claimed jobs (as :meth:`claim`) and the ids of ``done`` that no longer
+        matched their claim (as :meth:`complete_lost`). Not for one-per-key queues.
+        """
+        if not done:
+            return await self.claim(queue, limit), set()
+        rows = await self.pool.fetch(
+            self.sql.complete_and_claim,
+            queue,
+            limit,
+            self.owner,
+            [j.id for j in done],
+            [j.attempt for j in done],
+        )
+        lost = set(rows[0]["lost"])
+        jobs = [ClaimedJob.from_row(queue, row) for row in rows if row["id"] is not None]
+        return _ordered(jobs), lost
 
     async def complete(self, jobs: Sequence[ClaimedJob]) -> set[int]:
         """Complete ``jobs``; return the ids that still matched their claim (the others were
@@ -51,6 +71,16 @@ class JobStore:
             self.sql.complete, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
         )
         return {row["id"] for row in rows}
+
+    async def complete_lost(self, jobs: Sequence[ClaimedJob]) -> set[int]:
+        """Complete ``jobs``; return the ids that did NOT match their claim (rescued or expired
+        meanwhile, left as they are). Cheaper than :meth:`complete` for large batches."""
+        if not jobs:
+            return set()
+        lost = await self.pool.fetchval(
+            self.sql.complete_lost, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
+        )
+        return set(lost)
 
     async def fail(
         self, failures: Sequence[tuple[ClaimedJob, str]], *, owners: Sequence[UUID] | None = None
@@ -76,3 +106,10 @@ class JobStore:
             self.sql.hand_back, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
         )
         return {row["id"] for row in rows}
+
+
+def _ordered(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+    """Priority, then id order (UPDATE ... RETURNING promises no order)."""
+    if len(jobs) > 1:
+        jobs.sort(key=lambda job: (-job.priority, job.id))
+    return jobs
