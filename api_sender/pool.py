@@ -8,13 +8,26 @@ import asyncpg
 
 
 async def _keep_session(connection: asyncpg.Connection) -> None:
-    """Release hook that skips asyncpg's per-release reset round trip.
+    """Release hook that skips asyncpg's per-release reset round trip, and drops a session
+    that opened read-only.
 
     asyncpg's default reset runs ``pg_advisory_unlock_all(); UNLISTEN *; RESET ALL`` every time a
     connection goes back to the pool, doubling the round trips of a single send. Our pooled
     connections never carry session state (locks and LISTEN live on dedicated connections), and
     an open transaction is still rolled back by asyncpg before this hook runs.
+
+    A session opened while the database defaulted to read-only (``default_transaction_read_only``
+    on, or a hot standby after a failover) stays read-only for its whole life, even once writes
+    are allowed again, so every write through it would fail forever. The server reports both
+    settings to the client, so the check costs no round trip: such a session is closed here and
+    the pool opens a fresh one at the next acquire.
     """
+    settings = connection.get_settings()
+    if "on" in (
+        getattr(settings, "default_transaction_read_only", "off"),
+        getattr(settings, "in_hot_standby", "off"),
+    ):
+        connection.terminate()
 
 
 async def create_pool(
