@@ -67,12 +67,16 @@ class WorkerRuntime:
                 hint="handlers that use the database wait for a connection; raise "
                 "DATABASE_POOL_SIZE to run them all at once",
             )
+        self.heartbeat = Heartbeat(
+            pool, sql, self.owner, self.holdings, interval=settings.heartbeat_seconds
+        )
         self.maintenance = Maintenance(
             self.store,
             sql,
             schema,
             interval=settings.maintenance_interval_seconds,
             stale_seconds=settings.worker_stale_seconds,
+            own_beat=self.heartbeat.beat_if_holding,
         )
         self.cron = CronScheduler(pool, sql, [job.queue for job in jobs])
         min_retention = (
@@ -94,9 +98,6 @@ class WorkerRuntime:
             on_prune_due=self.maintenance.trigger_prune,
             min_retention_seconds=float(min_retention),
             extra_channels={schedules_channel(schema): self.cron.schedules_changed},
-        )
-        self.heartbeat = Heartbeat(
-            pool, sql, self.owner, self.holdings, interval=settings.heartbeat_seconds
         )
         self._background = anyio.CancelScope()
         self._pollers_done = anyio.Event()

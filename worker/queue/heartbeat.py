@@ -46,6 +46,11 @@ class Heartbeat:
         """Write one beat now."""
         await self._pool.execute(self._sql.heartbeat, self._owner, self._host, self._pid)
 
+    async def beat_if_holding(self) -> None:
+        """Beat now if this process holds jobs (an idle worker still writes nothing)."""
+        if self._holdings.count:
+            await self.beat()
+
     async def run(self) -> None:
         """Beat while jobs are held, until cancelled."""
         while True:

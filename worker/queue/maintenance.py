@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import anyio
 import asyncpg
@@ -41,8 +42,10 @@ class Maintenance:
         *,
         interval: float,
         stale_seconds: float,
+        own_beat: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
+        self._own_beat = own_beat
         self._pool = store.pool
         self._sql = sql
         self._schema = schema
@@ -81,6 +84,12 @@ class Maintenance:
     async def run_once(self, *, prune: bool = True) -> tuple[int, int]:
         """One pass: rescue, then (optionally) prune. Returns (rescued, pruned); (0, 0) when
         another replica holds the lock."""
+        if self._own_beat is not None:
+            # This process is alive: record it before judging which workers are not. After an
+            # outage or a read-only spell longer than the stale limit, its own heartbeat is as
+            # old as a dead worker's, and it would rescue its own running jobs. If the beat
+            # cannot be written, neither could a rescue: the pass fails and is retried.
+            await self._own_beat()
         async with self._pool.acquire() as conn, conn.transaction():
             if not await try_xact_lock(conn, MAINTENANCE, self._schema):
                 return 0, 0
