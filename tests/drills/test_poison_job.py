@@ -1,0 +1,96 @@
+"""Drill 17: a job whose handler kills its worker every time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from api_sender import Sender
+from tests.drills.helpers import SCALE, Fleet, create_ledger, fetch, runs, sized
+
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+
+QUEUE = "drill-poison"
+DEAD = "drill-poison-dead"
+ENV = {"TOOL_JOBS": "tests.support.tooljobs:DRILL_POISON"}
+#: The poison queue's retry limit (tests/support/tooljobs.py): three attempts in all.
+RETRY_LIMIT = 2
+
+
+async def test_a_poison_job_runs_out_of_attempts_and_dead_letters_while_the_rest_flows(
+    db_url: str, fleet: Fleet, drill_report
+):
+    """A job whose handler calls os._exit kills each worker that claims it; restarted like a
+    container, the workers rescue it until its attempts run out, it moves to the dead letter,
+    and every other job of the queue completes."""
+    others = sized(150, 1500)
+    await create_ledger(db_url)
+    alive = await fleet.start_ready(db_url, ENV, count=2)
+    async with Sender.connect(db_url, max_size=1) as sender:
+        ids = set(await sender.send_many(QUEUE, [{"sleep": 0.05}] * (others // 2), retry_limit=10))
+        [poison] = await sender.send_many(QUEUE, [{"exit": True}])
+    deaths = 0
+    began = time.monotonic()
+
+    async def settled() -> bool:
+        state = await fetch(
+            db_url, "SELECT state::text, retry_count FROM jobs.job WHERE id = $1", poison
+        )
+        ledger = await runs(db_url, QUEUE)
+        return state[0]["state"] == "failed" and not ledger.missing(ids)
+
+    later = others - others // 2
+    while not await settled():
+        assert time.monotonic() - began < sized(90, 300), "the poison job never settled"
+        for daemon in list(alive):
+            if daemon.process.poll() is not None:
+                assert daemon.process.returncode == 3, daemon.logs()
+                deaths += 1
+                alive.remove(daemon)
+                alive.append(fleet.start(db_url, ENV))
+                if deaths == 1:
+                    # The rest arrives while the poison job is still going round.
+                    async with Sender.connect(db_url, max_size=1) as sender:
+                        batch = [{"sleep": 0.05}] * later
+                        ids |= set(await sender.send_many(QUEUE, batch, retry_limit=10))
+        await asyncio.sleep(0.2)
+    took = time.monotonic() - began
+    row = (
+        await fetch(
+            db_url,
+            "SELECT retry_count, attempt, output->>'error' AS error FROM jobs.job WHERE id = $1",
+            poison,
+        )
+    )[0]
+    assert row["retry_count"] == RETRY_LIMIT + 1
+    assert row["attempt"] == RETRY_LIMIT + 1
+    assert deaths == RETRY_LIMIT + 1, f"{deaths} worker deaths"
+    dead = await fetch(
+        db_url, "SELECT id, data->>'exit' AS exit FROM jobs.job WHERE queue = $1", DEAD
+    )
+    assert len(dead) == 1
+    assert dead[0]["exit"] == "true"
+
+    async def dead_letter_handled() -> bool:
+        rows = await fetch(
+            db_url, "SELECT 1 FROM public.drill_ledger WHERE queue = $1 AND phase = 'dead'", DEAD
+        )
+        return len(rows) == 1
+
+    for _ in range(100):
+        if await dead_letter_handled():
+            break
+        await asyncio.sleep(0.1)
+    assert await dead_letter_handled()
+    ledger = await runs(db_url, QUEUE)
+    assert ledger.missing(ids) == set()
+    assert ledger.started[poison] == RETRY_LIMIT + 1
+    drill_report(
+        f"drill 17 poison job [{SCALE}: 1 job calling os._exit among {others}, 2 workers"
+        f" restarted on exit]: it killed {deaths} workers (attempts {row['attempt']}, retry limit"
+        f" {RETRY_LIMIT}), ended failed ('{row['error']}') with its copy in the dead letter"
+        f" and handled there, in {took:.0f}s; the rest flowed: nothing lost"
+        f" ({len(ids)}/{len(ids)} completed, {len(ledger.duplicates)} duplicates)"
+    )
