@@ -63,5 +63,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     terminalreporter.section(f"fault drills (DRILL_SCALE={SCALE})")
     for outcome, nodeid, text, seconds in _LINES:
-        name = nodeid.rsplit("::", 1)[-1]
-        terminalreporter.write_line(f"{outcome:6} {seconds:6.1f}s  {name}: {text}")
+        where = "" if outcome == "ok" else f"{nodeid}: "
+        terminalreporter.write_line(f"{outcome:6} {seconds:5.0f}s  {where}{text}")
+    total = sum(seconds for *_, seconds in _LINES)
+    failed = sum(1 for outcome, *_ in _LINES if outcome != "ok")
+    terminalreporter.write_line(f"{len(_LINES)} drills, {failed} failed, {total:.0f}s in drills")
