@@ -45,19 +45,37 @@ _SEND_MANY = """
 -- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY, as in send),
 -- so a batch is enqueued all or nothing. $11 optionally gives each item its own singleton key (a
 -- NULL array pads every item with NULL, which falls back to the shared key $4).
+-- Two INSERTs, of which only the one matching the queue's policy gets rows: on short/stately
+-- queues ON CONFLICT DO NOTHING lets job_policy_queued refuse a second queued job of a key; on
+-- every other policy no unique index can refuse a new job (job_policy_* and job_timer_key do not
+-- cover it, the id is an identity), so it skips ON CONFLICT's per-row speculative insertion.
+-- A unique index that could refuse a job of another policy must extend the first branch.
 WITH q AS (
     SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
     FROM {s}.queue WHERE name = $1
-), ins AS (
+), keyed AS (
     INSERT INTO {s}.job ({cols})
     SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text),
            COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
            COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
            COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
     FROM q, unnest($2::text[], $11::text[]) WITH ORDINALITY AS d(data, key, n)
+    WHERE q.policy IN ('short', 'stately')
     ORDER BY d.n
     ON CONFLICT DO NOTHING
     RETURNING id, start_after <= now() AS due
+), plain AS (
+    INSERT INTO {s}.job ({cols})
+    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text),
+           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
+           COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
+           COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
+    FROM q, unnest($2::text[], $11::text[]) WITH ORDINALITY AS d(data, key, n)
+    WHERE q.policy NOT IN ('short', 'stately')
+    ORDER BY d.n
+    RETURNING id, start_after <= now() AS due
+), ins AS (
+    SELECT id, due FROM keyed UNION ALL SELECT id, due FROM plain
 ), note AS (
     SELECT pg_notify('{channel}', CASE WHEN bool_or(ins.due) THEN $1 ELSE '' END)
     FROM ins HAVING count(*) > 0
