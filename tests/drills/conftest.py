@@ -3,6 +3,7 @@ the one summary line each drill records (printed together at the end of the run)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -57,12 +58,18 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _LINES.append((outcome, report.nodeid, text, report.duration))
 
 
+def _number(line: tuple[str, str, str, float]) -> tuple[int, str]:
+    """Order lines by their drill number (RELIABILITY.md's table), unnumbered last."""
+    match = re.match(r"drill (\d+)", line[2])
+    return (int(match[1]) if match else 1000, line[1])
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """One line per drill, in the order they ran."""
     if not _LINES:
         return
     terminalreporter.section(f"fault drills (DRILL_SCALE={SCALE})")
-    for outcome, nodeid, text, seconds in _LINES:
+    for outcome, nodeid, text, seconds in sorted(_LINES, key=_number):
         where = "" if outcome == "ok" else f"{nodeid}: "
         terminalreporter.write_line(f"{outcome:6} {seconds:5.0f}s  {where}{text}")
     total = sum(seconds for *_, seconds in _LINES)

@@ -43,8 +43,8 @@ async def test_table_and_indexes_plateau_under_a_steady_stream(
     """Jobs sent at a steady rate with a 2 s retention: the table and its indexes stop growing
     once pruning and vacuum keep pace, the claim query keeps its partial index, and every job
     ran."""
-    rate = sized(100, 400)
-    duration = sized(24.0, 600.0)
+    rate = sized(100, 500)
+    duration = sized(24.0, 300.0)
     await create_ledger(db_url)
     await fleet.start_ready(db_url, ENV, count=2)
     samples: list[tuple[float, int, int, int]] = []

@@ -76,7 +76,7 @@ async def test_notify_is_transactional_fast_payload_free_and_polling_covers_its_
         assert (
             await fetch(db_url, "SELECT 1 FROM public.drill_ledger WHERE job_id = $1", rolled) == []
         )
-        assert max(committed) < 0.5, f"pickups after commit: {committed}"
+        assert max(committed) < 1.0, f"pickups after commit: {committed}"
         assert big_pickup < 1.0, f"the 1 MB job started {big_pickup:.2f}s after its send"
         # No NOTIFY at all (a producer that bypasses it): found by the next poll.
         silent = []

@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -349,16 +350,17 @@ def test_queue_state_machine_holds_its_invariants(db_url: str, drill_report) -> 
     QueueMachine.harness = harness
     examples = sized(60, 500)
     try:
-        run_state_machine_as_test(
-            QueueMachine,
-            settings=settings(
-                max_examples=examples,
-                stateful_step_count=sized(30, 60),
-                deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-                database=None,
-            ),
-        )
+        with structlog.testing.capture_logs():
+            run_state_machine_as_test(
+                QueueMachine,
+                settings=settings(
+                    max_examples=examples,
+                    stateful_step_count=sized(30, 60),
+                    deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+                    database=None,
+                ),
+            )
     finally:
         harness.close()
     counts = ", ".join(f"{k} {v}" for k, v in sorted(harness.transitions.items()))
