@@ -18,8 +18,8 @@ LATENCY_QUEUE = "bench-latency"
 IDLE_QUEUE = "bench-idle"
 
 #: The drain's claim size and handler count (BENCH_DRAIN_BATCH / BENCH_DRAIN_CONCURRENCY override).
-DRAIN_BATCH = int(os.environ.get("BENCH_DRAIN_BATCH", "100"))
-DRAIN_CONCURRENCY = int(os.environ.get("BENCH_DRAIN_CONCURRENCY", "100"))
+DRAIN_BATCH = int(os.environ.get("BENCH_DRAIN_BATCH", "200"))
+DRAIN_CONCURRENCY = int(os.environ.get("BENCH_DRAIN_CONCURRENCY", "400"))
 
 
 async def noop(_data: Any, _info: JobInfo) -> None:
