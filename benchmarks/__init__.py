@@ -15,9 +15,12 @@ factor means a lot.
 * ``send``: latency of one ``Sender.send``, awaited in sequence (5,000 sends after a warm-up);
   p50 and p99 in milliseconds. It includes the commit (``synchronous_commit`` as the server has
   it).
-* ``drain``: 60,000 no-op jobs sent before one real worker process (``python -m worker run``)
-  starts; jobs/s from the first claim to the last completion, both read from the database
-  (``min(started_at)`` to ``max(completed_at)``), so process start-up is not counted.
+* ``drain``: 60,000 no-op jobs sent before one real worker process (``python -m worker run``,
+  ``SERVICE_ROLE=worker``, ``TOOL_JOBS=benchmarks.noop:DRAIN``: batch_size 200, concurrency
+  400, so a second batch is claimed while the first runs) starts; jobs/s from the first claim to
+  the last completion, both read from the database (``min(started_at)`` to
+  ``max(completed_at)``), so process start-up is not counted. The queue table is vacuumed and
+  analysed after the fill, on both sides.
 * ``pgqueuer drain``: the same 60,000 jobs drained by pgqueuer (PyPI, separate venv under
   ``benchmarks/.peers/``) through ``pgqueuer.run(...)`` with a no-op entrypoint and batch 50,
   timed the same way from its log table (first ``picked`` to last ``successful``). The ratio
@@ -26,7 +29,9 @@ factor means a lot.
   just before ``send`` to the first line of the handler (same machine, same clock).
 * ``idle``: an idle worker with 7 queues (the 6 chassis queues and one tool queue) over 30 s:
   transactions committed in its database (``pg_stat_database.xact_commit``, read from another
-  database so the measurement adds none) and WAL bytes (``pg_current_wal_lsn()`` difference).
+  database so the measurement adds none; the database is vacuumed first and the worker given
+  12 s to settle, so neither autovacuum nor boot traffic lands in the window) and WAL bytes
+  (``pg_current_wal_lsn()`` difference).
   WAL is cluster-wide: the figure is only the worker's when nothing else writes, so the output
   says whether other databases wrote during the window.
 * ``peak RSS``: ``VmHWM`` of the worker process right after its drain.

@@ -129,6 +129,7 @@ class Poller:
                 finally:
                     self._closed = True
                     while self._idle:
+                        self._waking += 1
                         self._idle.popleft().set()
         finally:
             self.stopped.set()
