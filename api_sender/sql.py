@@ -45,40 +45,44 @@ _SEND_MANY = """
 -- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY, as in send),
 -- so a batch is enqueued all or nothing. $11 optionally gives each item its own singleton key (a
 -- NULL array pads every item with NULL, which falls back to the shared key $4).
--- Two INSERTs, of which only the one matching the queue's policy gets rows: on short/stately
--- queues ON CONFLICT DO NOTHING lets job_policy_queued refuse a second queued job of a key; on
--- every other policy no unique index can refuse a new job (job_policy_* and job_timer_key do not
--- cover it, the id is an identity), so it skips ON CONFLICT's per-row speculative insertion.
--- A unique index that could refuse a job of another policy must extend the first branch.
+-- Everything the jobs share (due time, retry policy, expiry) is worked out once, in q; each row
+-- adds only its data and key. Two INSERTs, of which only the one matching the queue's policy
+-- gets rows: on short/stately queues ON CONFLICT DO NOTHING lets job_policy_queued refuse a
+-- second queued job of a key; on every other policy no unique index can refuse a new job
+-- (job_policy_* and job_timer_key do not cover it, the id is an identity), so it skips ON
+-- CONFLICT's per-row speculative insertion. A unique index that could refuse a job of another
+-- policy must extend the first branch.
 WITH q AS (
-    SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
+    SELECT name, policy,
+           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0)))
+               AS start_after,
+           COALESCE($7::int, retry_limit) AS retry_limit,
+           COALESCE($8::int, retry_delay) AS retry_delay,
+           COALESCE($9::bool, retry_backoff) AS retry_backoff,
+           COALESCE($10::int, expire_seconds) AS expire_seconds
     FROM {s}.queue WHERE name = $1
 ), keyed AS (
     INSERT INTO {s}.job ({cols})
-    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text),
-           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
-           COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
-           COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
+    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text), q.start_after,
+           q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
     FROM q, unnest($2::text[], $11::text[]) WITH ORDINALITY AS d(data, key, n)
     WHERE q.policy IN ('short', 'stately')
     ORDER BY d.n
     ON CONFLICT DO NOTHING
-    RETURNING id, start_after <= now() AS due
+    RETURNING id
 ), plain AS (
     INSERT INTO {s}.job ({cols})
-    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text),
-           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
-           COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
-           COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
+    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text), q.start_after,
+           q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
     FROM q, unnest($2::text[], $11::text[]) WITH ORDINALITY AS d(data, key, n)
     WHERE q.policy NOT IN ('short', 'stately')
     ORDER BY d.n
-    RETURNING id, start_after <= now() AS due
+    RETURNING id
 ), ins AS (
-    SELECT id, due FROM keyed UNION ALL SELECT id, due FROM plain
+    SELECT id FROM keyed UNION ALL SELECT id FROM plain
 ), note AS (
-    SELECT pg_notify('{channel}', CASE WHEN bool_or(ins.due) THEN $1 ELSE '' END)
-    FROM ins HAVING count(*) > 0
+    SELECT pg_notify('{channel}', CASE WHEN q.start_after <= now() THEN $1 ELSE '' END)
+    FROM q WHERE EXISTS (SELECT 1 FROM ins)
 )
 SELECT EXISTS (SELECT 1 FROM q) AS queue_found,
        ARRAY(SELECT id FROM ins ORDER BY id) AS ids,
