@@ -16,7 +16,9 @@ CLAIM = """
 -- claim: up to $2 due jobs of queue $1 in priority, then due-time, order (index job_fetch).
 -- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
 -- that kills its worker every time still runs out of attempts; owner and attempt fence every
--- later write.
+-- later write. The locked ids are updated through "id = ANY(ARRAY(...))", which always reads
+-- job_pkey: a join with the CTE may be planned as a hash join over a sequential scan of the
+-- whole table (seen at batch 200 with 20,000 rows: 12 ms instead of 1).
 WITH next AS (
     SELECT id FROM {s}.job
     WHERE queue = $1 AND state < 'active' AND start_after <= now()
@@ -26,7 +28,7 @@ WITH next AS (
 )
 UPDATE {s}.job j
 SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
-FROM next WHERE j.id = next.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM next))
 RETURNING {cols}
 """
 
@@ -55,7 +57,7 @@ WITH candidates AS (
 )
 UPDATE {s}.job j
 SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
-FROM firsts WHERE j.id = firsts.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
 RETURNING {cols}
 """
 
@@ -109,7 +111,7 @@ WITH done AS (
 ), claimed AS (
     UPDATE {s}.job j
     SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
-    FROM next WHERE j.id = next.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM next))
     RETURNING {cols}
 ), lost AS (
     SELECT ARRAY(SELECT unnest($4::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
