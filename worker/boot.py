@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import anyio
 import asyncpg
 import structlog
@@ -23,6 +26,8 @@ from .signals import StopRequest, watch_signals
 from .state import ServiceState
 
 log = structlog.get_logger("worker.boot")
+
+T = TypeVar("T")
 
 #: How often an api process checks whether a worker has installed the schema.
 INSTALL_CHECK_SECONDS = 1.0
@@ -67,26 +72,35 @@ async def _until_stopped(stop: StopRequest, step: float) -> bool:
     return stop.requested.is_set()
 
 
-async def _connect_pool(
-    settings: Settings, url: str, state: ServiceState, stop: StopRequest
-) -> asyncpg.Pool | None:
+async def _until_reachable(
+    attempt_once: Callable[[], Awaitable[T]], event: str, state: ServiceState, stop: StopRequest
+) -> T | None:
+    """Run ``attempt_once`` until it gets through, backing off while the database is
+    unreachable (not ready, no crash loop); ``None`` if a stop comes first."""
     attempt = 0
     while True:
         try:
-            return await open_pool(
-                url,
-                size=settings.database_pool_size,
-                statement_cache_size=settings.database_statement_cache_size,
-            )
+            return await attempt_once()
         except TRANSIENT_ERRORS as exc:
             state.set_reason("database unreachable")
             delay = backoff_delay(attempt)
             attempt += 1
-            log.warning(
-                "db.unreachable", error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2)
-            )
+            log.warning(event, error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
             if await _until_stopped(stop, delay):
                 return None
+
+
+async def _connect_pool(
+    settings: Settings, url: str, state: ServiceState, stop: StopRequest
+) -> asyncpg.Pool | None:
+    async def open_once() -> asyncpg.Pool:
+        return await open_pool(
+            url,
+            size=settings.database_pool_size,
+            statement_cache_size=settings.database_statement_cache_size,
+        )
+
+    return await _until_reachable(open_once, "db.unreachable", state, stop)
 
 
 async def _run_worker(
@@ -98,26 +112,19 @@ async def _run_worker(
 ) -> None:
     jobs = installed_jobs(settings, tools)
     state.set_reason("installing")
-    attempt = 0
-    while True:
-        try:
-            await install(
-                url,
-                settings.jobs_schema,
-                jobs,
-                cron_tz=settings.cron_tz,
-                lock_timeout=settings.install_lock_timeout_seconds,
-            )
-            break
-        except TRANSIENT_ERRORS as exc:
-            state.set_reason("database unreachable")
-            delay = backoff_delay(attempt)
-            attempt += 1
-            log.warning(
-                "install.retry", error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2)
-            )
-            if await _until_stopped(stop, delay):
-                return
+
+    async def install_once() -> bool:
+        await install(
+            url,
+            settings.jobs_schema,
+            jobs,
+            cron_tz=settings.cron_tz,
+            lock_timeout=settings.install_lock_timeout_seconds,
+        )
+        return True
+
+    if await _until_reachable(install_once, "install.retry", state, stop) is None:
+        return
     pool = await _connect_pool(settings, url, state, stop)
     if pool is None:
         return
