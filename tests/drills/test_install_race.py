@@ -73,9 +73,9 @@ async def check_installed_once(url: str, daemons: list[Daemon], dead: Daemon | N
 async def test_ten_workers_install_once_even_when_the_installer_dies(
     empty_db_url: str, second_empty_url: str, admin_url: str, fleet: Fleet, drill_report
 ):
-    """Ten workers start at one instant on an empty database: installed once, all ready within
-    30 s, none started before the install committed. Again with the first installer SIGKILLed
-    between two migrations: the others finish the install once and are ready within 30 s."""
+    """Ten workers starting at one instant on an empty database install it once, are all ready
+    within 30 s and none starts before the install committed, and the same holds when the first
+    installer is SIGKILLed between two migrations (the others finish the install once)."""
     first = [fleet.start(empty_db_url, ENV) for _ in range(WORKERS)]
     race = await all_ready(first)
     assert race < 30
