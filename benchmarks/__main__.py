@@ -18,7 +18,7 @@ import asyncpg
 from worker.logging import configure_logging
 
 from . import drain, enqueue, idle, latency, peer
-from .common import RUNS, admin_url, median
+from .common import RUNS, admin_url, median, surviving_restarts
 from .report import Row, measured, render
 
 MB = 1024 * 1024
@@ -54,21 +54,21 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     pick50, pick99, commits, wal = [], [], [], []
     idle_runs: list[idle.IdleResult] = []
     for run in range(RUNS):
-        one, chunks = await enqueue.send_many_rate()
+        one, chunks = await surviving_restarts(enqueue.send_many_rate)
         many.append(one)
         chunked.append(chunks)
         progress(f"run {run + 1}: send_many {one:,.0f} jobs/s (chunks of 1,000: {chunks:,.0f})")
-        p50, p99 = await enqueue.single_send_latency()
+        p50, p99 = await surviving_restarts(enqueue.single_send_latency)
         p50s.append(p50)
         p99s.append(p99)
         progress(f"run {run + 1}: send p50 {p50:.3f} ms, p99 {p99:.3f} ms")
         # Alternate which drain goes first, so neither always gets the quieter moment.
         if run % 2 == 0:
-            mine = await drain.drain_once()
-            other = await peer.pgqueuer_drain()
+            mine = await surviving_restarts(drain.drain_once)
+            other = await surviving_restarts(peer.pgqueuer_drain)
         else:
-            other = await peer.pgqueuer_drain()
-            mine = await drain.drain_once()
+            other = await surviving_restarts(peer.pgqueuer_drain)
+            mine = await surviving_restarts(drain.drain_once)
         ours.append(mine.rate)
         theirs.append(other.rate)
         ratios.append(mine.rate / other.rate)
@@ -77,11 +77,11 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s, "
             f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f} MB"
         )
-        p50, p99 = await latency.pickup_latency()
+        p50, p99 = await surviving_restarts(latency.pickup_latency)
         pick50.append(p50)
         pick99.append(p99)
         progress(f"run {run + 1}: pickup p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-        result = await idle.idle_cost()
+        result = await surviving_restarts(idle.idle_cost)
         idle_runs.append(result)
         commits.append(float(result.commits))
         wal.append(float(result.wal_bytes))

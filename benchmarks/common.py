@@ -12,12 +12,14 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+import anyio
 import asyncpg
 
 from worker.declarations import JobDeclaration
@@ -44,11 +46,35 @@ def with_database(url: str, database: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
 
 
+#: What a server restart mid-figure looks like (other developers' drills restart PostgreSQL).
+T = TypeVar("T")
+
+SERVER_GONE: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+)
+
+
+async def admin_connect(timeout: float = 120.0) -> asyncpg.Connection:
+    """A connection to the maintenance database, waiting out a server restart."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await asyncpg.connect(admin_url())
+        except SERVER_GONE:
+            if time.monotonic() > deadline:
+                raise
+            await anyio.sleep(1.0)
+
+
 @asynccontextmanager
 async def scratch_database(prefix: str = "bench") -> AsyncIterator[str]:
     """A new empty database for one figure; dropped (with anything still connected) after it."""
     name = f"chassis_{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url())
+    admin = await admin_connect()
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
@@ -56,11 +82,32 @@ async def scratch_database(prefix: str = "bench") -> AsyncIterator[str]:
     try:
         yield with_database(admin_url(), name)
     finally:
-        admin = await asyncpg.connect(admin_url())
+        with anyio.CancelScope(shield=True):
+            admin = await admin_connect()
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await admin.close()
+
+
+class ServerRestarted(Exception):
+    """A figure could not be measured: the server went away in every attempt."""
+
+
+async def surviving_restarts(measure: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
+    """Run one measurement; if PostgreSQL restarts under it, wait for it and measure again."""
+    for attempt in range(attempts):
         try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+            return await measure()
+        except (*SERVER_GONE, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "connection" not in str(exc).lower():
+                raise
+            print(f"  (server went away: {type(exc).__name__}; measuring again)", flush=True)
+            if attempt + 1 == attempts:
+                raise ServerRestarted(str(exc)) from exc
+            await anyio.sleep(2.0)
+            await (await admin_connect()).close()
+    raise AssertionError("unreachable")
 
 
 async def install_queues(url: str, declarations: Sequence[JobDeclaration]) -> None:
