@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import asyncpg
 import pytest
@@ -26,15 +27,26 @@ SELECT pg_relation_size('jobs.job') AS heap, pg_indexes_size('jobs.job') AS inde
 """
 
 
-async def claim_plan(conn: asyncpg.Connection) -> str:
-    """The plan of the claim statement, as JSON text (EXPLAIN writes nothing)."""
+async def candidate_scans(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """The plan nodes of the claim statement that look for due jobs of the queue (EXPLAIN
+    writes nothing)."""
     plan = await conn.fetchval(
         "EXPLAIN (FORMAT JSON) " + render("jobs").claim,
         QUEUE,
         16,
         "00000000-0000-0000-0000-000000000000",
     )
-    return json.dumps(plan)
+    found: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        conditions = f"{node.get('Index Cond', '')} {node.get('Filter', '')}"
+        if node.get("Relation Name") == "job" and "queue" in conditions:
+            found.append(node)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
+    return found
 
 
 async def test_table_and_indexes_plateau_under_a_steady_stream(
@@ -58,7 +70,7 @@ async def test_table_and_indexes_plateau_under_a_steady_stream(
                 await conn.execute("VACUUM (ANALYZE) jobs.job")
                 row = await conn.fetchrow(SIZES)
                 samples.append((time.monotonic() - began, row["heap"], row["indexes"], row["live"]))
-            plan = await claim_plan(conn)
+            scans = await candidate_scans(conn)
         ids = load.ids
 
         async def all_ran() -> bool:
@@ -67,8 +79,12 @@ async def test_table_and_indexes_plateau_under_a_steady_stream(
         await wait_for(all_ran, 60, "every job to run")
     finally:
         await conn.close()
-    assert "job_fetch" in plan, plan
-    assert "Seq Scan" not in plan, plan
+    assert scans, "no scan for due jobs in the claim plan"
+    assert {(n["Node Type"], n.get("Index Name")) for n in scans} <= {
+        ("Index Scan", "job_fetch"),
+        ("Index Only Scan", "job_fetch"),
+        ("Bitmap Index Scan", "job_fetch"),
+    }, scans
     half = [s for s in samples if s[0] >= duration / 2]
     mid, end = half[0], samples[-1]
     slack = 64 * 1024
@@ -82,6 +98,6 @@ async def test_table_and_indexes_plateau_under_a_steady_stream(
         f" {RETENTION}s, VACUUM every few s as autovacuum would (it is off on the test server)]:"
         f" heap {mid[1] // 1024} kB at half time -> {end[1] // 1024} kB at the end (peak"
         f" {peak_heap // 1024} kB), indexes {mid[2] // 1024} -> {end[2] // 1024} kB (peak"
-        f" {peak_index // 1024} kB), live rows <= {max(s[3] for s in samples)}; claim plan"
-        f" on job_fetch, no seq scan; nothing lost ({len(ids)}/{len(ids)} ran)"
+        f" {peak_index // 1024} kB), live rows <= {max(s[3] for s in samples)}; the claim"
+        f" still finds due jobs through job_fetch; nothing lost ({len(ids)}/{len(ids)} ran)"
     )

@@ -79,7 +79,8 @@ async def test_a_long_transaction_does_not_stall_the_queue(db_url: str, fleet: F
     assert p95 < 1.0, f"pickup p95 {p95:.2f}s during the long transaction"
     assert len(during) >= RATE * hold * 0.5, "the load itself stalled"
     cleared = await dead_tuples_after_vacuum(db_url)
-    assert pinned > 1000, f"only {pinned} dead tuples pinned: the snapshot held nothing back"
+    # Each job leaves at least two dead row versions (claim, completion) the snapshot pins.
+    assert pinned >= len(during), f"only {pinned} dead tuples pinned: the snapshot held nothing"
     assert cleared < pinned / 10, f"{cleared} of {pinned} dead tuples left after the end"
     ledger = await runs(db_url, QUEUE)
     drill_report(
