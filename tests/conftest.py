@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from collections.abc import AsyncIterator, Iterator
 
@@ -20,6 +21,30 @@ from tests.support.postgres import (
 )
 
 os.environ.pop("DATABASE_URL", None)
+
+
+@pytest.fixture(autouse=True)
+def serialised_group(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Tests marked ``xdist_group(name)`` run one at a time across xdist workers.
+
+    They start several daemon processes each; run side by side they would exceed the test
+    server's connections. (``--dist loadgroup`` should do this, but pytest-xdist 3.8 on pytest
+    9.2 no longer groups: pytest-dev/pytest-xdist#1386.) A file lock per group name does.
+    """
+    marker = request.node.get_closest_marker("xdist_group")
+    if marker is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    name = str(marker.args[0] if marker.args else marker.kwargs.get("name", "group"))
+    lock = tmp_path_factory.getbasetemp().parent / f"group-{name}.lock"
+    with lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
