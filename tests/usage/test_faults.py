@@ -144,10 +144,11 @@ def test_future_dated_events_arrive_only_after_their_window(
 ) -> None:
     """Events dated a few seconds ahead are held (warning, metric, labelled held jobs), never
     accepted before their time, and accepted after it."""
-    soon = datetime.now(UTC) + timedelta(seconds=4)
+    daemon = start(daemons, db_url, tmp_path, **hub.env())
+    # Dated from the moment of sending: a slow boot must not let the window pass first.
+    soon = datetime.now(UTC) + timedelta(seconds=5)
     future = _events(20, occurred_at=soon.isoformat())
     present = _events(5)
-    daemon = start(daemons, db_url, tmp_path, **hub.env())
     ids = _send(daemon, future + present)
     hub.wait_accepted(ids, timeout=60)
     seen = hub.snapshot()
