@@ -24,9 +24,21 @@ from .report import Row, measured, render
 MB = 1024 * 1024
 
 
+LOADS: list[float] = []
+
+
+def load_average() -> float:
+    """The 1-minute load average: how busy the 2 shared cores were (others' tests included)."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
 def progress(message: str) -> None:
-    """One line per finished measurement, so a long run shows it is alive."""
-    print(f"  {time.strftime('%H:%M:%S')} {message}", flush=True)
+    """One line per finished measurement (with the load average), so a long run shows it is
+    alive and the reader sees how busy the machine was."""
+    load = load_average()
+    LOADS.append(load)
+    print(f"  {time.strftime('%H:%M:%S')} {message} [load {load:.1f}]", flush=True)
 
 
 async def server_facts() -> str:
@@ -187,6 +199,8 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     ]
     notes = [
         facts + f"; Python {platform.python_version()}.",
+        f"1-minute load average while measuring: {min(LOADS):.1f} to {max(LOADS):.1f} on "
+        f"{os.cpu_count()} cores (above ~2, other work competed for the CPU).",
         f"Each figure: median of {RUNS} runs, each on a fresh scratch database (created, used, "
         "dropped). 2 cores are shared with PostgreSQL and with other developers' test runs: "
         "figures are noisy.",

@@ -66,7 +66,13 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Collect each drill's line (user properties travel from xdist workers too)."""
-    if report.when != "call" or "drill" not in report.keywords:
+    if "drill" not in report.keywords:
+        return
+    if report.when == "setup" and report.failed:
+        reason = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+        _LINES.append(("ERROR", report.nodeid, f"set-up failed: {reason[:300]}", 0.0))
+        return
+    if report.when != "call":
         return
     lines = [str(value) for key, value in report.user_properties if key == _KEY]
     if report.passed:
