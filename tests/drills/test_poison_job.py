@@ -8,7 +8,7 @@ import time
 import pytest
 
 from api_sender import Sender
-from tests.drills.helpers import SCALE, Fleet, create_ledger, fetch, runs, sized
+from tests.drills.helpers import SCALE, Fleet, create_ledger, fetch, log_events, runs, sized
 
 pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
 
@@ -98,11 +98,15 @@ async def test_a_poison_job_runs_out_of_attempts_and_dead_letters_while_the_rest
     ledger = await runs(db_url, QUEUE)
     assert ledger.missing(ids) == set()
     assert ledger.started[poison] == RETRY_LIMIT + 1
+    # Only jobs on a worker the poison job killed may have run twice: those were rescued.
+    rescued = {int(e["job_id"]) for d in fleet.all for e in log_events(d, "job.rescued")}
+    assert set(ledger.duplicates) <= rescued
     drill_report(
         f"drill 17 poison job [{SCALE}: 1 job calling os._exit and 1 raising, among {others}, 2"
         f" workers restarted on exit]: the first killed {deaths} workers (attempts"
         f" {row['attempt']}, retry limit {RETRY_LIMIT}) and ended failed ('{row['error']}'), the"
         f" second failed {raised['retry_count']} times; both copies in the dead letter and"
         f" handled there, in {took:.0f}s; the rest flowed: nothing lost"
-        f" ({len(ids)}/{len(ids)} completed, {len(ledger.duplicates)} duplicates)"
+        f" ({len(ids)}/{len(ids)} completed, {len(ledger.duplicates)} duplicates, all among"
+        " jobs on a killed worker)"
     )
