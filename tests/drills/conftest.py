@@ -3,8 +3,6 @@ the one summary line each drill records (printed together at the end of the run)
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,25 +31,6 @@ def drill_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
         request.node.user_properties.append((_KEY, line))
 
     return record
-
-
-@pytest.fixture(autouse=True)
-def one_drill_at_a_time(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """Under xdist, run the drills one at a time: their bounds are about the daemon, not about
-    each other. (``xdist_group`` would do it, but pytest-xdist 3.8 on pytest 9.2 no longer
-    groups: pytest-dev/pytest-xdist#1386.)"""
-    if "drill" not in request.keywords or not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    lock = tmp_path_factory.getbasetemp().parent / "drills.lock"
-    with lock.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture
