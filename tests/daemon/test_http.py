@@ -74,3 +74,31 @@ async def test_readyz_recovers_after_every_backend_is_terminated(db_url, admin_u
         )
     finally:
         daemon.kill()
+
+
+async def test_a_database_closed_to_connections_is_waited_out(db_url, admin_url, tmp_path):
+    """ALLOW_CONNECTIONS false, then true again: the worker waits (503) and recovers, not exits."""
+    import asyncpg
+
+    daemon = start_daemon(db_url, tmp_path)
+    dbname = db_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        await admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", dbname
+        )
+        for _ in range(100):
+            if daemon.get("/readyz")[0] == 503:
+                break
+            await asyncio.sleep(0.1)
+        assert daemon.get("/readyz")[0] == 503
+        await asyncio.sleep(2)
+        assert daemon.process.poll() is None, daemon.logs()
+        await admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+        await asyncio.to_thread(daemon.wait_ready, 30)
+    finally:
+        await admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+        await admin.close()
+        daemon.kill()

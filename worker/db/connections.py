@@ -26,6 +26,9 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     # protocol mid-error ("cannot switch to state N; another operation (2) is in progress",
     # MagicStack/asyncpg#1069) until the socket's close is seen; the next try gets a new one.
     asyncpg.InternalClientError,
+    # "database is not currently accepting connections" (ALTER DATABASE ... ALLOW_CONNECTIONS
+    # false during maintenance): it will accept them again; wait rather than exit.
+    asyncpg.ObjectNotInPrerequisiteStateError,
     TimeoutError,
 )
 
