@@ -1,0 +1,123 @@
+"""The poller in-process: per-job outcomes, expiry, batches, and a clean stop."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+
+import anyio
+import asyncpg
+
+from api_sender import Sender
+from tests.support.queues import make_queue
+from worker.queue.completer import Completer
+from worker.queue.holdings import Holdings
+from worker.queue.jobs import ClaimedJob
+from worker.queue.poller import Consumer, Poller
+from worker.queue.sql import render
+from worker.queue.store import JobStore
+
+SQL = render("jobs")
+
+
+async def run_until(
+    pool: asyncpg.Pool, consumer: Consumer, done: Callable[[], Awaitable[bool]], timeout: float = 10
+) -> None:
+    """Run one poller (and its completer) until ``done()`` holds, then stop it cleanly."""
+    store = JobStore(pool, SQL, uuid.uuid4())
+    holdings = Holdings()
+    completer = Completer(store, holdings)
+    poller = Poller(consumer, store, completer, holdings)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(completer.run)
+        tg.start_soon(poller.run)
+        poller.waker.wake()
+        with anyio.fail_after(timeout):
+            while not await done():
+                poller.waker.wake()
+                await anyio.sleep(0.05)
+        poller.stop()
+        await poller.stopped.wait()
+        await completer.drain()
+        tg.cancel_scope.cancel()
+
+
+async def states(pool: asyncpg.Pool) -> dict[int, tuple[str, str | None]]:
+    """job id -> (state, error text)."""
+    rows = await pool.fetch("SELECT id, state::text, output->>'error' AS e FROM jobs.job")
+    return {r["id"]: (r["state"], r["e"]) for r in rows}
+
+
+async def test_a_raising_handler_fails_only_its_own_job(pool, sender: Sender) -> None:
+    """In one batch, the job whose handler raises fails; the others complete."""
+    await make_queue(pool, "q", retry_limit=0)
+    ids = await sender.send_many("q", [{"n": n} for n in range(5)])
+
+    async def handler(job: ClaimedJob) -> None:
+        if job.data["n"] == 2:
+            raise ValueError("bad n")
+
+    async def settled() -> bool:
+        return all(s in ("completed", "failed") for s, _ in (await states(pool)).values())
+
+    await run_until(pool, Consumer("q", batch_size=5, concurrency=2, run_job=handler), settled)
+    result = await states(pool)
+    assert result[ids[2]] == ("failed", "ValueError: bad n")
+    assert [result[i][0] for i in ids if i != ids[2]] == ["completed"] * 4
+
+
+async def test_a_handler_past_its_expiry_is_cancelled_and_fails(pool, sender: Sender) -> None:
+    """A handler still running at expire_seconds is cancelled; the attempt fails as expired,
+    and a TimeoutError the handler raises itself is reported as its own error."""
+    await make_queue(pool, "q", retry_limit=0, expire_seconds=1)
+    slow, own = await sender.send_many("q", [{"kind": "slow"}, {"kind": "own"}])
+    cancelled: list[int] = []
+
+    async def handler(job: ClaimedJob) -> None:
+        if job.data["kind"] == "own":
+            raise TimeoutError("upstream did not answer")
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(job.id)
+            raise
+
+    async def settled() -> bool:
+        return all(s == "failed" for s, _ in (await states(pool)).values())
+
+    await run_until(pool, Consumer("q", batch_size=2, concurrency=2, run_job=handler), settled)
+    result = await states(pool)
+    assert cancelled == [slow]
+    assert result[slow] == ("failed", "expired: ran past 1s")
+    assert result[own] == ("failed", "TimeoutError: upstream did not answer")
+
+
+async def test_batch_outcomes_per_job_or_all_at_once(pool, sender: Sender) -> None:
+    """A batch runner fails the ids it returns and completes the rest; raising fails all."""
+    await make_queue(pool, "q", retry_limit=0)
+    first = await sender.send_many("q", [{"n": n} for n in range(3)])
+    calls = 0
+
+    async def run_batch(jobs: list[ClaimedJob]) -> dict[int, str] | None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {jobs[0].id: "refused"}
+        raise RuntimeError("downstream down")
+
+    async def first_settled() -> bool:
+        return all(s != "active" and s != "created" for s, _ in (await states(pool)).values())
+
+    await run_until(pool, Consumer("q", batch_size=3, run_batch=run_batch), first_settled)
+    result = await states(pool)
+    assert result[first[0]] == ("failed", "refused")
+    assert [result[i][0] for i in first[1:]] == ["completed", "completed"]
+    second = await sender.send_many("q", [{"n": n} for n in range(2)])
+
+    async def second_settled() -> bool:
+        current = await states(pool)
+        return all(current[i][0] == "failed" for i in second)
+
+    await run_until(pool, Consumer("q", batch_size=3, run_batch=run_batch), second_settled)
+    result = await states(pool)
+    assert {result[i] for i in second} == {("failed", "RuntimeError: downstream down")}
