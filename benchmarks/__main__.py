@@ -96,11 +96,12 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         result = await surviving_restarts(idle.idle_cost)
         idle_runs.append(result)
         commits.append(float(result.commits))
-        wal.append(float(result.wal_bytes))
+        wal.append(float(result.worker_wal_bytes))
         progress(
             f"run {run + 1}: idle {result.commits} commits, {result.wal_bytes:,} WAL bytes "
-            f"(cluster-wide; other databases wrote meanwhile: {result.others_wrote}; "
-            f"rows written in the worker's database: {result.own_writes})"
+            f"against {result.baseline_wal_bytes:,} with no worker (cluster-wide; other "
+            f"databases wrote meanwhile: {result.others_wrote}; rows written in the worker's "
+            f"database: {result.own_writes})"
         )
     rows = [
         measured(
@@ -215,12 +216,12 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
 
 def _wal_row(wal: list[float], runs: list[idle.IdleResult]) -> Row:
     """WAL is cluster-wide: the figure is the worker's only in runs where nobody else wrote."""
-    quiet = [r.wal_bytes for r in runs if not r.others_wrote]
+    quiet = [r.worker_wal_bytes for r in runs if not r.others_wrote]
     own_writes = sum(r.own_writes for r in runs)
     if quiet:
         value = median(quiet)
         return Row(
-            "idle worker, 30 s: WAL bytes (quiet runs)",
+            "idle worker, 30 s: WAL bytes (quiet runs, less the server's own baseline)",
             "0 bytes",
             f"{value:,.0f} bytes",
             value == 0,

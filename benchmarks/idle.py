@@ -13,8 +13,10 @@ from .noop import IDLE
 
 WINDOW = 30.0
 #: After /readyz, let boot traffic end and its statistics flush (a backend that went idle less
-#: than 1 s after its last flush reports up to 10 s later: PGSTAT_IDLE_INTERVAL).
-SETTLE = 12.0
+#: than 1 s after its last flush reports up to 10 s later: PGSTAT_IDLE_INTERVAL), and let the
+#: background writer log its running-transactions record for the set-up's own WAL (at most
+#: every 15 s, LOG_SNAPSHOT_INTERVAL_MS) before the window opens, not inside it.
+SETTLE = 17.0
 
 _STATS = """
 SELECT datname, xact_commit, tup_inserted + tup_updated + tup_deleted AS writes
@@ -31,6 +33,14 @@ class IdleResult:
     wal_bytes: int
     own_writes: int
     others_wrote: bool
+    #: WAL the server wrote on its own over an equal window with no worker running (its
+    #: periodic running-transactions record): subtracted to give the worker's share.
+    baseline_wal_bytes: int = 0
+
+    @property
+    def worker_wal_bytes(self) -> int:
+        """WAL attributable to the worker: the window's, less the server's own baseline."""
+        return max(0, self.wal_bytes - self.baseline_wal_bytes)
 
 
 async def _snapshot(admin: asyncpg.Connection) -> tuple[dict[str, tuple[int, int]], int]:
@@ -77,9 +87,21 @@ async def idle_cost() -> IdleResult:
                 await admin.close()
         finally:
             daemon.stop()
+        # The same window with no worker at all: what the server writes on its own.
+        admin = await asyncpg.connect(admin_url())
+        try:
+            base_before, base_lsn_before = await _snapshot(admin)
+            await anyio.sleep(WINDOW)
+            base_after, base_lsn_after = await _snapshot(admin)
+        finally:
+            await admin.close()
+        base_others = any(
+            base_after[db][1] - base_before.get(db, (0, 0))[1] > 0 for db in base_after
+        )
     commits = after[name][0] - before[name][0]
     own_writes = after[name][1] - before[name][1]
     others = any(after[db][1] - before.get(db, (0, 0))[1] > 0 for db in after if db != name) or set(
         after
     ) != set(before)
-    return IdleResult(commits, lsn_after - lsn_before, own_writes, others)
+    baseline = base_lsn_after - base_lsn_before
+    return IdleResult(commits, lsn_after - lsn_before, own_writes, others or base_others, baseline)
