@@ -12,7 +12,42 @@ from api_sender._schema import notify_channel, quoted
 _JOB_COLUMNS = """j.id, j.data::text AS data, j.attempt, j.retry_count, j.retry_limit,
     j.singleton_key, j.expire_seconds, j.priority, j.start_after"""
 
-CLAIM = """
+
+def _claim_next(queue: str, limit: str) -> str:
+    """The candidate rows of a claim (the ``next`` CTE's body); ``{s}`` is filled by render."""
+    return (
+        "SELECT id FROM {s}.job\n"
+        f"    WHERE queue = {queue} AND state < 'active' AND start_after <= now()\n"
+        "    ORDER BY priority DESC, start_after, id\n"
+        f"    LIMIT {limit}\n"
+        "    FOR UPDATE SKIP LOCKED"
+    )
+
+
+def _claim_update(candidates: str, owner: str) -> str:
+    """The UPDATE that claims the rows of CTE ``candidates`` for ``owner``."""
+    return (
+        "UPDATE {s}.job j\n"
+        f"SET state = 'active', started_at = now(), locked_by = {owner}, attempt = j.attempt + 1\n"
+        f"WHERE j.id = ANY(ARRAY(SELECT id FROM {candidates}))\n"
+        "RETURNING {cols}"
+    )
+
+
+def _complete_update(ids: str, attempts: str, owner: str) -> str:
+    """The fenced completion UPDATE of jobs ``ids``/``attempts`` held by ``owner``."""
+    return (
+        "UPDATE {s}.job j\n"
+        "SET state = 'completed', completed_at = now()\n"
+        f"FROM unnest({ids}::bigint[], {attempts}::int[]) AS d(id, attempt)\n"
+        f"WHERE j.id = ANY({ids}::bigint[]) AND j.id = d.id AND j.attempt = d.attempt\n"
+        f"  AND j.locked_by = {owner} AND j.state = 'active'\n"
+        "RETURNING j.id"
+    )
+
+
+CLAIM = (
+    """
 -- claim: up to $2 due jobs of queue $1 in priority, then due-time, order (index job_fetch).
 -- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
 -- that kills its worker every time still runs out of attempts; owner and attempt fence every
@@ -20,17 +55,14 @@ CLAIM = """
 -- job_pkey: a join with the CTE may be planned as a hash join over a sequential scan of the
 -- whole table (seen at batch 200 with 20,000 rows: 12 ms instead of 1).
 WITH next AS (
-    SELECT id FROM {s}.job
-    WHERE queue = $1 AND state < 'active' AND start_after <= now()
-    ORDER BY priority DESC, start_after, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    """
+    + _claim_next("$1", "$2")
+    + """
 )
-UPDATE {s}.job j
-SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
-WHERE j.id = ANY(ARRAY(SELECT id FROM next))
-RETURNING {cols}
 """
+    + _claim_update("next", "$3")
+    + "\n"
+)
 
 CLAIM_ONE_PER_KEY = """
 -- claim for singleton/stately queues: as claim, but never a key that already has an active job
@@ -61,34 +93,32 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
 RETURNING {cols}
 """
 
-COMPLETE = """
+COMPLETE = (
+    """
 -- complete: a batch in one statement, fenced on owner and attempt. A job rescued from this
 -- worker (or expired) no longer matches and is left alone; its id is missing from the result.
 -- The rows are found by primary key (id = ANY), never through job_active: that index holds
 -- every active job of this owner, and a nested loop over it grows with the square of the batch.
-UPDATE {s}.job j
-SET state = 'completed', completed_at = now()
-FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
-WHERE j.id = ANY($1::bigint[]) AND j.id = d.id AND j.attempt = d.attempt
-  AND j.locked_by = $3 AND j.state = 'active'
-RETURNING j.id
 """
+    + _complete_update("$1", "$2", "$3")
+    + "\n"
+)
 
-COMPLETE_LOST = """
+COMPLETE_LOST = (
+    """
 -- complete, as above, returning only the ids that did NOT match (lease lost): usually none, so
 -- the answer is one empty array however large the batch.
 WITH done AS (
-    UPDATE {s}.job j
-    SET state = 'completed', completed_at = now()
-    FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
-    WHERE j.id = ANY($1::bigint[]) AND j.id = d.id AND j.attempt = d.attempt
-      AND j.locked_by = $3 AND j.state = 'active'
-    RETURNING j.id
+"""
+    + _complete_update("$1", "$2", "$3")
+    + """
 )
 SELECT ARRAY(SELECT unnest($1::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
 """
+)
 
-COMPLETE_AND_CLAIM = """
+COMPLETE_AND_CLAIM = (
+    """
 -- complete, then claim: the outcomes of the previous batch ($4 ids, $5 attempts, fenced on owner
 -- $3 and attempt exactly as in complete) and the next batch of queue $1 (exactly as in claim) in
 -- one statement, one round trip and one commit. The two touch disjoint rows (active vs waiting),
@@ -96,28 +126,23 @@ COMPLETE_AND_CLAIM = """
 -- carries the same "lost" array: the completed ids that did not match (usually empty). With no
 -- job claimed, one row comes back whose job columns are NULL.
 WITH done AS (
-    UPDATE {s}.job j
-    SET state = 'completed', completed_at = now()
-    FROM unnest($4::bigint[], $5::int[]) AS d(id, attempt)
-    WHERE j.id = ANY($4::bigint[]) AND j.id = d.id AND j.attempt = d.attempt
-      AND j.locked_by = $3 AND j.state = 'active'
-    RETURNING j.id
+"""
+    + _complete_update("$4", "$5", "$3")
+    + """
 ), next AS (
-    SELECT id FROM {s}.job
-    WHERE queue = $1 AND state < 'active' AND start_after <= now()
-    ORDER BY priority DESC, start_after, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    """
+    + _claim_next("$1", "$2")
+    + """
 ), claimed AS (
-    UPDATE {s}.job j
-    SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
-    WHERE j.id = ANY(ARRAY(SELECT id FROM next))
-    RETURNING {cols}
+"""
+    + _claim_update("next", "$3")
+    + """
 ), lost AS (
     SELECT ARRAY(SELECT unnest($4::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
 )
 SELECT lost.lost, c.* FROM lost LEFT JOIN claimed c ON true
 """
+)
 
 FAIL = """
 -- fail: failed attempts, fenced per job on owner and attempt. Below the retry limit a job waits
