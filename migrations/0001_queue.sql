@@ -57,9 +57,6 @@ CREATE TABLE job (
 -- (jobs sent without a delay are due when created, so for them this is creation order).
 -- Partial, so millions of finished rows never enter it.
 CREATE INDEX job_fetch ON job (queue, priority DESC, start_after, id) WHERE state < 'active';
--- "Is anything due?" and "when is the next job due?" in one index probe each, however many
--- future-dated jobs (held usage events, timers) wait in the queue.
-CREATE INDEX job_due ON job (queue, start_after) WHERE state < 'active';
 -- Rescue, heartbeat and hand-back scan only the (small) active set.
 CREATE INDEX job_active ON job (locked_by) WHERE state = 'active';
 -- Retention deletes finished rows oldest first.

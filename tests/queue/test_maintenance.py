@@ -139,6 +139,21 @@ async def test_one_replica_runs_maintenance_at_a_time(pool, sender: Sender) -> N
     assert (await maintenance_for(pool).run_once(prune=False))[0] == 1
 
 
+async def test_probe_finds_due_work_below_a_future_only_priority(pool, sender: Sender) -> None:
+    """Due work in a lower priority is found even when the top priority holds only future jobs,
+    and the next due time is the earliest future job of any priority."""
+    await make_queue(pool, "q")
+    await sender.send_many("q", [{} for _ in range(50)], priority=9, start_after=120)
+    await sender.send("q", {}, priority=5, start_after=40)
+    row = await pool.fetchrow(SQL.probe, ["q"], STALE, 3600.0)
+    assert list(row["due"]) == []
+    assert 39 < row["next_due_in"].total_seconds() <= 40
+    await sender.send("q", {}, priority=1)
+    row = await pool.fetchrow(SQL.probe, ["q"], STALE, 3600.0)
+    assert list(row["due"]) == ["q"]
+    assert 39 < row["next_due_in"].total_seconds() <= 40
+
+
 async def test_probe_reports_due_queues_and_rescue(pool, sender: Sender) -> None:
     """The idle probe names queues with due work, the next due time, and a pending rescue."""
     await make_queue(pool, "a")

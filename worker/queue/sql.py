@@ -218,21 +218,41 @@ DELETE FROM {s}.worker WHERE id = $1
 
 PROBE = """
 -- probe: the idle path, one read-only statement per poll interval for the whole process. Which
--- of queues $1 have due work (index job_due), when the next future job is due, and whether any
--- active job needs a rescue (its worker silent for $2 seconds, or past its expiry), and whether
--- a finished job is older than $3 seconds, the shortest retention (index job_finished).
+-- of queues $1 have due work, when the next future job is due, whether any active job needs a
+-- rescue (its worker silent for $2 seconds, or past its expiry), and whether a finished job is
+-- older than $3 seconds, the shortest retention (index job_finished).
+-- Due work and the next due time come from job_fetch alone by a loose index scan: per queue, one
+-- seek per distinct waiting priority (usually one or two), then per priority the earliest
+-- waiting job and the earliest future one. However many future-dated jobs wait (timers, held
+-- usage), the probe reads a handful of index entries, and sends need no second waiting index.
+WITH RECURSIVE priorities AS (
+    SELECT q.queue, top.priority
+    FROM unnest($1::text[]) AS q (queue),
+    LATERAL (
+        SELECT j.priority FROM {s}.job j
+        WHERE j.queue = q.queue AND j.state < 'active'
+        ORDER BY j.priority DESC LIMIT 1) top
+  UNION ALL
+    SELECT p.queue, lower_.priority
+    FROM priorities p,
+    LATERAL (
+        SELECT j.priority FROM {s}.job j
+        WHERE j.queue = p.queue AND j.state < 'active' AND j.priority < p.priority
+        ORDER BY j.priority DESC LIMIT 1) lower_
+), firsts AS (
+    SELECT p.queue,
+        (SELECT j.start_after FROM {s}.job j
+         WHERE j.queue = p.queue AND j.state < 'active' AND j.priority = p.priority
+         ORDER BY j.start_after LIMIT 1) AS earliest,
+        (SELECT j.start_after FROM {s}.job j
+         WHERE j.queue = p.queue AND j.state < 'active' AND j.priority = p.priority
+           AND j.start_after > now()
+         ORDER BY j.start_after LIMIT 1) AS next_future
+    FROM priorities p
+)
 SELECT
-    ARRAY(
-        SELECT q FROM unnest($1::text[]) AS q
-        WHERE EXISTS (
-            SELECT 1 FROM {s}.job j
-            WHERE j.queue = q AND j.state < 'active' AND j.start_after <= now())
-    ) AS due,
-    (SELECT min(n.at) FROM unnest($1::text[]) AS q, LATERAL (
-        SELECT j.start_after AS at FROM {s}.job j
-        WHERE j.queue = q AND j.state < 'active' AND j.start_after > now()
-        ORDER BY j.start_after LIMIT 1) n
-    ) - now() AS next_due_in,
+    ARRAY(SELECT DISTINCT f.queue FROM firsts f WHERE f.earliest <= now()) AS due,
+    (SELECT min(f.next_future) FROM firsts f) - now() AS next_due_in,
     EXISTS (
         SELECT 1 FROM {s}.job j
         WHERE j.state = 'active'

@@ -3,7 +3,8 @@
 "Held" means: a job on the held queue not yet re-sent (the held worker takes it within a poll),
 or a usage-queue job the held worker re-sent that waits for its next round (state created, due
 in the future: nothing else sends future-dated usage). Both ranges are read through the partial
-index job_due. Events are picked all at once, by event id, or by job id (for data without one).
+index job_fetch (a scan of the queue's waiting jobs, fine for an operator tool). Events are
+picked all at once, by event id, or by job id (for data without one).
 """
 
 from __future__ import annotations
