@@ -62,6 +62,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     facts = await server_facts()
     progress(f"{facts}; pgqueuer {pgq_version} in {peer.VENV.relative_to(peer.PEERS.parent)}")
     many, chunked, p50s, p99s = [], [], [], []
+    peer_chunked, peer50, peer99, floor50, floor99 = [], [], [], [], []
     ours, theirs, ratios, rss = [], [], [], []
     pick50, pick99, commits, wal = [], [], [], []
     idle_runs: list[idle.IdleResult] = []
@@ -74,6 +75,18 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         p50s.append(p50)
         p99s.append(p99)
         progress(f"run {run + 1}: send p50 {p50:.3f} ms, p99 {p99:.3f} ms")
+        theirs_send = await surviving_restarts(lambda: peer.pgqueuer_send(enqueue.SINGLE_SENDS))
+        peer_chunked.append(theirs_send.chunked)
+        peer50.append(theirs_send.p50_ms)
+        peer99.append(theirs_send.p99_ms)
+        low50, low99 = await surviving_restarts(enqueue.commit_floor)
+        floor50.append(low50)
+        floor99.append(low99)
+        progress(
+            f"run {run + 1}: pgqueuer enqueue chunks of 1,000 {theirs_send.chunked:,.0f} jobs/s,"
+            f" single p50 {theirs_send.p50_ms:.3f} ms, p99 {theirs_send.p99_ms:.3f} ms;"
+            f" one-row INSERT p50 {low50:.3f} ms, p99 {low99:.3f} ms"
+        )
         # Alternate which drain goes first, so neither always gets the quieter moment.
         if run % 2 == 0:
             mine = await surviving_restarts(drain.drain_once)
@@ -121,6 +134,21 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             peer="pgqueuer 57,000",
         ),
         measured(
+            f"pgqueuer {pgq_version} enqueue, same sitting, chunks of 1,000",
+            peer_chunked,
+            "jobs/s",
+            "-",
+            None,
+        ),
+        measured(
+            "send_many chunks ratio ours / pgqueuer",
+            [a / b for a, b in zip(chunked, peer_chunked, strict=True)],
+            "x",
+            "-",
+            None,
+            digits=2,
+        ),
+        measured(
             "send p50 (in sequence)",
             p50s,
             "ms",
@@ -137,6 +165,38 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             lambda v: v <= 1.0,
             digits=3,
             peer="pgqueuer 0.70",
+        ),
+        measured(
+            f"pgqueuer {pgq_version} single enqueue p50, same sitting",
+            peer50,
+            "ms",
+            "-",
+            None,
+            digits=3,
+        ),
+        measured(
+            f"pgqueuer {pgq_version} single enqueue p99, same sitting",
+            peer99,
+            "ms",
+            "-",
+            None,
+            digits=3,
+        ),
+        measured(
+            "floor: one-row INSERT p50 (a bare table, one connection)",
+            floor50,
+            "ms",
+            "-",
+            None,
+            digits=3,
+        ),
+        measured(
+            "floor: one-row INSERT p99",
+            floor99,
+            "ms",
+            "-",
+            None,
+            digits=3,
         ),
         measured(
             f"drain 60,000 no-op jobs, one worker ({drain.SETTINGS})",
@@ -208,8 +268,10 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         f"pgqueuer {pgq_version} from PyPI in benchmarks/.peers/pgqueuer, run through "
         f"pgqueuer.run(factory, batch_size={peer.BATCH}, mode=drain) on uvloop; both drains "
         "timed from the database (first claim/pick to last completion/success).",
-        "The peer column quotes issue 2's medians from 2026-11-29; only the drain ratio is "
-        "measured side by side here.",
+        "The peer column quotes issue 2's medians from 2026-11-29. Measured side by side here:"
+        " the drain, and pgqueuer's producer (Queries.enqueue on one asyncpg connection, its"
+        " driver's model) timed as ours; the floor rows time a one-row INSERT into a bare table,"
+        " the cheapest durable commit this server's disk allows, which no send can beat.",
     ]
     return rows, notes
 

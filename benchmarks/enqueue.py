@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import asyncpg
+
 from api_sender import Sender
 
 from .common import install_queues, percentile, scratch_database
@@ -49,4 +51,31 @@ async def single_send_latency() -> tuple[float, float]:
                 started = time.perf_counter()
                 await sender.send(DRAIN_QUEUE, {"n": i})
                 samples.append(time.perf_counter() - started)
+    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+
+
+async def commit_floor() -> tuple[float, float]:
+    """p50 and p99 (ms) of the cheapest durable write: a one-row INSERT into a bare table
+    (identity key, jsonb) on a direct connection, timed as :func:`single_send_latency`.
+
+    No send can beat one synchronous commit on this server's disk; this is that floor, so a
+    send figure can be read against the machine it ran on.
+    """
+    async with scratch_database("floor") as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(
+                "CREATE TABLE floor"
+                " (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, data jsonb)"
+            )
+            insert = "INSERT INTO floor (data) VALUES ($1::text::jsonb)"
+            for i in range(SINGLE_WARMUP):
+                await conn.execute(insert, f'{{"n": {i}}}')
+            samples = []
+            for i in range(SINGLE_SENDS):
+                started = time.perf_counter()
+                await conn.execute(insert, f'{{"n": {i}}}')
+                samples.append(time.perf_counter() - started)
+        finally:
+            await conn.close()
     return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000

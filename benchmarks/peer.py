@@ -1,7 +1,9 @@
-"""pgqueuer side by side: its own venv under ``benchmarks/.peers/``, its drain timed like ours."""
+"""pgqueuer side by side: its own venv under ``benchmarks/.peers/``, its drain and its producer
+timed like ours."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from .common import ROOT, scratch_database
 PEERS = ROOT / "benchmarks" / ".peers"
 VENV = PEERS / "pgqueuer"
 PYTHON = VENV / "bin" / "python"
-SCRIPT = Path(__file__).with_name("pgqueuer_drain.py")
+SCRIPT = Path(__file__).with_name("pgqueuer_peer.py")
 #: The requested version; the newest release is taken when no 1.6.x exists.
 WANTED = "pgqueuer[asyncpg]==1.6.*"
 FALLBACK = "pgqueuer[asyncpg]"
@@ -71,6 +73,11 @@ class PeerDrain:
 
 
 def _peer(*args: str, timeout: float) -> None:
+    _peer_output(*args, timeout=timeout)
+
+
+def _peer_output(*args: str, timeout: float) -> str:
+    """Run the peer script in its venv; return what it printed."""
     done = subprocess.run(
         [str(PYTHON), str(SCRIPT), *args],
         capture_output=True,
@@ -81,6 +88,7 @@ def _peer(*args: str, timeout: float) -> None:
     )
     if done.returncode != 0:
         raise RuntimeError(f"pgqueuer {args[0]} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
 
 
 async def pgqueuer_drain() -> PeerDrain:
@@ -100,3 +108,23 @@ async def pgqueuer_drain() -> PeerDrain:
     if row["done"] != JOBS:
         raise RuntimeError(f"pgqueuer completed {row['done']} of {JOBS} jobs in {wall:.1f}s")
     return PeerDrain(JOBS, row["seconds"])
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSend:
+    """pgqueuer's producer figures, timed as ours are."""
+
+    chunked: float
+    p50_ms: float
+    p99_ms: float
+
+
+async def pgqueuer_send(sends: int) -> PeerSend:
+    """On a fresh database: 20,000 jobs in enqueue calls of 1,000, then ``sends`` single
+    enqueues in sequence on one connection (pgqueuer's driver wraps one connection)."""
+    async with scratch_database("pgqueuer") as url:
+        out = await anyio.to_thread.run_sync(
+            lambda: _peer_output("send", url, str(sends), timeout=300)
+        )
+    figures = json.loads(out.strip().splitlines()[-1])
+    return PeerSend(float(figures["chunked"]), float(figures["p50"]), float(figures["p99"]))
