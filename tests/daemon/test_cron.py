@@ -39,13 +39,15 @@ async def cron_jobs(url: str) -> list[datetime]:
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
 async def test_three_replicas_enqueue_one_job_per_tick(db_url: str, tmp_path) -> None:
-    """Three replicas, a cron every 2 seconds, over 10+ ticks: one job per tick, none missed."""
+    """Three replicas, a cron every 2 seconds, over 6+ ticks: one job per tick, none missed.
+
+    (Drill 11 runs a per-second cron under SIGKILLs for longer.)"""
     await create_ledger(db_url)
     daemons = [start_daemon(db_url, tmp_path, name=f"r{i}", env=CRON_ENV) for i in range(3)]
     try:
         for d in daemons:
             await asyncio.to_thread(d.wait_ready, 60)
-        while len(set(await cron_jobs(db_url))) < 11:
+        while len(set(await cron_jobs(db_url))) < 7:
             await asyncio.sleep(0.5)
     finally:
         for d in daemons:
@@ -55,7 +57,7 @@ async def test_three_replicas_enqueue_one_job_per_tick(db_url: str, tmp_path) ->
     first, last = min(slots), max(slots)
     expected = int((last - first).total_seconds() // 2) + 1
     assert len(slots) == expected, "a tick was missed"
-    assert len(slots) >= 10
+    assert len(slots) >= 6
     conn = await asyncpg.connect(db_url)
     try:
         runs = await conn.fetch(
@@ -68,7 +70,6 @@ async def test_three_replicas_enqueue_one_job_per_tick(db_url: str, tmp_path) ->
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("processes")
 async def test_ticks_missed_while_down_fire_once_at_boot(db_url: str, tmp_path) -> None:
     """Workers down over 3+ ticks, then one boots: exactly one catch-up job for the gap."""
     await create_ledger(db_url)

@@ -9,7 +9,8 @@ import pytest
 from api_sender import Sender
 from tests.support.processes import start_daemon
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+#: One daemon per test, on its own database: no turn needed among the multi-process tests.
+pytestmark = [pytest.mark.slow]
 
 
 async def test_metrics_health_and_worker_404_on_v1(db_url: str, tmp_path) -> None:

@@ -14,9 +14,11 @@ from api_sender import Sender
 from tests.support.ledger import create_ledger, done_counts
 from tests.support.processes import start_daemon
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+#: Tests running several daemons at once take turns (the "processes" group); one daemon needs none.
+pytestmark = [pytest.mark.slow]
 
 WORK_ENV = {"TOOL_JOBS": "tests.support.tooljobs:WORK"}
+WIDE_ENV = {"TOOL_JOBS": "tests.support.tooljobs:WORK_WIDE"}
 
 
 async def wait_for(predicate, timeout: float, step: float = 0.2) -> None:
@@ -38,10 +40,11 @@ async def count(url: str, sql: str, *args: object) -> int:
         await conn.close()
 
 
+@pytest.mark.xdist_group("processes")
 async def test_ten_thousand_jobs_over_four_processes_run_exactly_once(db_url: str, tmp_path):
     """10,000 jobs consumed by 4 worker processes at once: each completes exactly once."""
     await create_ledger(db_url)
-    daemons = [start_daemon(db_url, tmp_path, name=f"w{i}", env=WORK_ENV) for i in range(4)]
+    daemons = [start_daemon(db_url, tmp_path, name=f"w{i}", env=WIDE_ENV) for i in range(4)]
     try:
         for d in daemons:
             await asyncio.to_thread(d.wait_ready, 60)
@@ -70,6 +73,7 @@ async def test_ten_thousand_jobs_over_four_processes_run_exactly_once(db_url: st
             d.kill()
 
 
+@pytest.mark.xdist_group("processes")
 async def test_sigkilled_workers_jobs_complete_elsewhere_within_a_minute(db_url: str, tmp_path):
     """SIGKILL a worker mid-batch: its jobs come back and complete on another replica in < 60 s."""
     await create_ledger(db_url)
@@ -144,6 +148,7 @@ async def test_sigterm_lets_a_running_handler_finish_and_exits_zero(db_url: str,
     assert state == 1
 
 
+@pytest.mark.xdist_group("processes")
 async def test_handler_outliving_the_grace_is_handed_back_and_runs_elsewhere(db_url, tmp_path):
     """A handler still running when the grace ends is interrupted, its job handed back at once
     without losing an attempt, and it runs again on another worker; the process exits 0."""

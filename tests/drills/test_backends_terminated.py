@@ -60,7 +60,7 @@ async def test_backends_terminated_every_two_seconds_lose_nothing(
     await create_ledger(db_url)
     daemons = await fleet.start_ready(db_url, {"POLL_INTERVAL_SECONDS": str(POLL)}, count=2)
     dbname = db_url.rsplit("/", 1)[1]
-    duration = sized(12.0, 60.0)
+    duration = sized(8.0, 60.0)
     rng = random.Random(6)
     rounds = 0
     terminated = 0

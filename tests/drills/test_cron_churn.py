@@ -24,7 +24,7 @@ async def test_cron_fires_once_per_slot_while_replicas_churn(
     restarted every few seconds: every slot is enqueued at most once, almost none is missed,
     and every enqueued run completes."""
     replicas = sized(3, 5)
-    duration = sized(15.0, 180.0)
+    duration = sized(10.0, 180.0)
     rng = random.Random(11)
     await create_ledger(db_url)
     alive = await fleet.start_ready(db_url, ENV, count=replicas)

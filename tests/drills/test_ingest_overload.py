@@ -98,7 +98,7 @@ async def test_ingest_at_twice_the_sustained_rate_stays_bounded(
     try:
         [api] = await fleet.start_ready(proxy.url, {"INGEST_TOKEN": TOKEN}, role="api")
         client = Client(api.url("/v1/usage-events"))
-        sustained = await asyncio.to_thread(closed_loop, client, sized(4.0, 15.0))
+        sustained = await asyncio.to_thread(closed_loop, client, sized(3.0, 15.0))
         rate = 2 * sustained
         duration = sized(8.0, 60.0)
         rss: list[tuple[float, int]] = []

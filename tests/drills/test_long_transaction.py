@@ -47,7 +47,7 @@ async def test_a_long_transaction_does_not_stall_the_queue(db_url: str, fleet: F
     """While a REPEATABLE READ transaction holds its snapshot open, jobs sent at a steady rate
     keep starting within a second and all complete; once it ends, a VACUUM clears the dead
     tuples it had pinned."""
-    hold = sized(10.0, 60.0)
+    hold = sized(6.0, 60.0)
     await create_ledger(db_url)
     await fleet.start_ready(db_url, count=2)
     long_tx = await asyncpg.connect(db_url)

@@ -32,7 +32,8 @@ from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
 from worker.queue.store import JobStore
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: In-process, on one small pool: it needs no turn among the multi-process drills.
+pytestmark = [pytest.mark.drill]
 
 SQL = render("jobs")
 # Model time moves in large steps so that the real milliseconds between two statements never

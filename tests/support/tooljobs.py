@@ -32,12 +32,25 @@ CREATE TABLE IF NOT EXISTS public.ledger (
 )"""
 
 _pool: asyncpg.Pool | None = None
+_pool_lock: asyncio.Lock | None = None
 
 
 async def _db() -> asyncpg.Pool:
-    global _pool
-    if _pool is None:
-        _pool = await asyncpg.create_pool(os.environ["DATABASE_URL"], min_size=1, max_size=2)
+    # Under a lock: handlers starting together would otherwise each open a pool of their own.
+    global _pool, _pool_lock
+    if _pool_lock is None:
+        _pool_lock = asyncio.Lock()
+    async with _pool_lock:
+        if _pool is None:
+            # The ledger only counts runs; no test restarts the server under it (the drills
+            # have their own), so its writes need not wait for the disk: the worker's are what
+            # is tested.
+            _pool = await asyncpg.create_pool(
+                os.environ["DATABASE_URL"],
+                min_size=1,
+                max_size=4,
+                server_settings={"synchronous_commit": "off"},
+            )
     assert _pool is not None
     return _pool
 
@@ -72,6 +85,9 @@ async def record(data: Any, job: JobInfo) -> None:
 
 #: A work queue: batches of 10, 4 handlers at once.
 WORK = [JobDeclaration(queue="tool-work", handler=record, batch_size=10, concurrency=4)]
+
+#: The same queue, wider: for volume tests, where the ledger's commits set the pace.
+WORK_WIDE = [JobDeclaration(queue="tool-work", handler=record, batch_size=50, concurrency=16)]
 
 #: A cron queue; the cron comes from TEST_TOOL_CRON (6 fields: seconds first).
 CRON = [
