@@ -24,13 +24,19 @@ def _claim_next(queue: str, limit: str) -> str:
     )
 
 
-def _claim_update(candidates: str, owner: str) -> str:
+#: Makes the statement's own (implicit) transaction commit without waiting for the WAL flush.
+#: An uncorrelated subquery: evaluated once, as a one-time filter, whatever the row count.
+_LAZY_COMMIT = "  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL\n"
+
+
+def _claim_update(candidates: str, owner: str, *, lazy_commit: bool = False) -> str:
     """The UPDATE that claims the rows of CTE ``candidates`` for ``owner``."""
     return (
         "UPDATE {s}.job j\n"
         f"SET state = 'active', started_at = now(), locked_by = {owner}, attempt = j.attempt + 1\n"
         f"WHERE j.id = ANY(ARRAY(SELECT id FROM {candidates}))\n"
-        "RETURNING {cols}"
+        + (_LAZY_COMMIT if lazy_commit else "")
+        + "RETURNING {cols}"
     )
 
 
@@ -54,13 +60,18 @@ CLAIM = (
 -- later write. The locked ids are updated through "id = ANY(ARRAY(...))", which always reads
 -- job_pkey: a join with the CTE may be planned as a hash join over a sequential scan of the
 -- whole table (seen at batch 200 with 20,000 rows: 12 ms instead of 1).
+-- The claim commits without waiting for the disk (synchronous_commit off for this statement
+-- alone): the handler starts one WAL flush sooner. Only a crash of the server can lose such a
+-- commit, and a lost claim is harmless under at-least-once: the job is waiting again with its
+-- old attempt, so the handler's outcome matches no row (fenced, logged as lease lost) and the
+-- job runs again. Outcomes always wait for the disk; so does a claim carrying them.
 WITH next AS (
     """
     + _claim_next("$1", "$2")
     + """
 )
 """
-    + _claim_update("next", "$3")
+    + _claim_update("next", "$3", lazy_commit=True)
     + "\n"
 )
 
@@ -68,6 +79,7 @@ CLAIM_ONE_PER_KEY = """
 -- claim for singleton/stately queues: as claim, but never a key that already has an active job
 -- and at most one job per key. A concurrent claim of the same key by another replica is
 -- refused by the unique index job_policy_active (the caller treats that as an empty claim).
+-- Commits without waiting for the disk, as claim does.
 WITH candidates AS (
     SELECT j.id, COALESCE(j.singleton_key, '') AS k, j.priority, j.start_after
     FROM {s}.job j
@@ -90,6 +102,7 @@ WITH candidates AS (
 UPDATE {s}.job j
 SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
 WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
+  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 RETURNING {cols}
 """
 

@@ -1,0 +1,78 @@
+"""A claim commits without waiting for the disk; outcomes, and every later statement, wait."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from api_sender import Sender, create_pool
+from tests.support.queues import make_queue
+from worker.queue.sql import render
+from worker.queue.store import JobStore
+
+SQL = render("jobs")
+SETTING = "SELECT current_setting('synchronous_commit')"
+
+
+async def test_claim_turns_synchronous_commit_off_for_its_own_transaction_only(
+    pool: asyncpg.Pool, sender: Sender
+) -> None:
+    """Inside the claim's transaction the commit is asynchronous; the next transaction on the
+    same session is synchronous again, so a send that follows a claim is durable."""
+    await make_queue(pool, "q")
+    await sender.send_many("q", [{} for _ in range(3)])
+    owner = uuid.uuid4()
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            claimed = await conn.fetch(SQL.claim, "q", 2, owner)
+            assert len(claimed) == 2
+            assert await conn.fetchval(SETTING) == "off"
+        assert await conn.fetchval(SETTING) == "on"
+        async with conn.transaction():
+            await conn.fetch(SQL.claim, "q", 5, owner)  # one left, then none: still lazy
+            assert await conn.fetchval(SETTING) == "off"
+        async with conn.transaction():
+            await conn.fetch(SQL.claim_one_per_key, "q", 5, owner)
+            assert await conn.fetchval(SETTING) == "off"
+
+
+async def test_a_claim_carrying_outcomes_waits_for_the_disk(
+    pool: asyncpg.Pool, sender: Sender
+) -> None:
+    """Complete-and-claim writes outcomes: its commit stays synchronous."""
+    await make_queue(pool, "q")
+    await sender.send_many("q", [{} for _ in range(4)])
+    owner = uuid.uuid4()
+    async with pool.acquire() as conn:
+        first = await conn.fetch(SQL.claim, "q", 2, owner)
+        async with conn.transaction():
+            rows = await conn.fetch(
+                SQL.complete_and_claim,
+                "q",
+                2,
+                owner,
+                [r["id"] for r in first],
+                [r["attempt"] for r in first],
+            )
+            assert rows[0]["lost"] == []
+            assert await conn.fetchval(SETTING) == "on"
+
+
+async def test_store_claims_leave_pooled_sessions_synchronous(db_url: str, sender: Sender) -> None:
+    """Through the store on a one-connection pool, claims (plain and one-per-key, with and
+    without jobs) leave that connection committing synchronously."""
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    try:
+        await make_queue(pool, "plain")
+        await make_queue(pool, "keyed", policy="singleton")
+        await sender.send_many("plain", [{}, {}])
+        await sender.send("keyed", {}, singleton_key="k")
+        store = JobStore(pool, SQL, uuid.uuid4())
+        assert len(await store.claim("plain", 5)) == 2
+        assert await pool.fetchval(SETTING) == "on"
+        assert await store.claim("plain", 5) == []
+        assert len(await store.claim("keyed", 5, one_per_key=True)) == 1
+        assert await pool.fetchval(SETTING) == "on"
+    finally:
+        await pool.close()
