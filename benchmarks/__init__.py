@@ -15,6 +15,10 @@ factor means a lot.
 * ``send``: latency of one ``Sender.send``, awaited in sequence (5,000 sends after a warm-up);
   p50 and p99 in milliseconds. It includes the commit (``synchronous_commit`` as the server has
   it).
+* ``pgqueuer enqueue``: the same two producer figures for pgqueuer in this sitting
+  (``Queries.enqueue`` on one asyncpg connection: 20,000 jobs in calls of 1,000, then 5,000
+  single enqueues), and the floor: a one-row INSERT into a bare table, timed like a send. No
+  durable send can beat the floor; it tells how fast this machine's disk commits today.
 * ``drain``: 60,000 no-op jobs sent before one real worker process (``python -m worker run``,
   ``SERVICE_ROLE=worker``, ``TOOL_JOBS=benchmarks.noop:DRAIN``: batch_size 200, concurrency
   400, so a second batch is claimed while the first runs) starts; jobs/s from the first claim to
@@ -26,11 +30,13 @@ factor means a lot.
   timed the same way from its log table (first ``picked`` to last ``successful``). The ratio
   ``drain / pgqueuer drain`` is computed per run, then the median is taken.
 * ``pickup latency``: jobs sent at ~100 jobs/s from this process to a running worker; time from
-  just before ``send`` to the first line of the handler (same machine, same clock).
+  just before ``send`` to the first line of the handler (same machine, same clock). pgqueuer's,
+  in the same run: ``pgqueuer.run`` with its defaults in one process, its producer in another,
+  the handler's first line reporting the same difference.
 * ``idle``: an idle worker with 7 queues (the 6 chassis queues and one tool queue) over 30 s:
   transactions committed in its database (``pg_stat_database.xact_commit``, read from another
   database so the measurement adds none; the database is vacuumed first and the worker given
-  12 s to settle, so neither autovacuum nor boot traffic lands in the window) and WAL bytes
+  30 s to settle, so neither autovacuum nor boot traffic lands in the window) and WAL bytes
   (``pg_current_wal_lsn()`` difference).
   WAL is cluster-wide: the figure is only the worker's when nothing else writes, so the output
   says whether other databases wrote during the window.

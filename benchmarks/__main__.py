@@ -65,6 +65,8 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     peer_chunked, peer50, peer99, floor50, floor99 = [], [], [], [], []
     ours, theirs, ratios, rss = [], [], [], []
     pick50, pick99, commits, wal = [], [], [], []
+    peer_pick50: list[float] = []
+    peer_pick99: list[float] = []
     idle_runs: list[idle.IdleResult] = []
     for run in range(RUNS):
         one, chunks = await surviving_restarts(enqueue.send_many_rate)
@@ -105,7 +107,15 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         p50, p99 = await surviving_restarts(latency.pickup_latency)
         pick50.append(p50)
         pick99.append(p99)
-        progress(f"run {run + 1}: pickup p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        their50, their99 = await surviving_restarts(
+            lambda: peer.pgqueuer_pickup(latency.JOBS, latency.RATE, latency.WARMUP)
+        )
+        peer_pick50.append(their50)
+        peer_pick99.append(their99)
+        progress(
+            f"run {run + 1}: pickup p50 {p50:.2f} ms, p99 {p99:.2f} ms;"
+            f" pgqueuer p50 {their50:.2f} ms, p99 {their99:.2f} ms"
+        )
         result = await surviving_restarts(idle.idle_cost)
         idle_runs.append(result)
         commits.append(float(result.commits))
@@ -240,6 +250,22 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             peer="pgqueuer 4.4",
         ),
         measured(
+            f"pgqueuer {pgq_version} pickup p50, same sitting",
+            peer_pick50,
+            "ms",
+            "-",
+            None,
+            digits=2,
+        ),
+        measured(
+            f"pgqueuer {pgq_version} pickup p99, same sitting",
+            peer_pick99,
+            "ms",
+            "-",
+            None,
+            digits=2,
+        ),
+        measured(
             "idle worker, 7 queues, 30 s: commits",
             commits,
             "",
@@ -269,8 +295,10 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         f"pgqueuer.run(factory, batch_size={peer.BATCH}, mode=drain) on uvloop; both drains "
         "timed from the database (first claim/pick to last completion/success).",
         "The peer column quotes issue 2's medians from 2026-11-29. Measured side by side here:"
-        " the drain, and pgqueuer's producer (Queries.enqueue on one asyncpg connection, its"
-        " driver's model) timed as ours; the floor rows time a one-row INSERT into a bare table,"
+        " the drain, pgqueuer's producer (Queries.enqueue on one asyncpg connection, its"
+        " driver's model) timed as ours, and its pickup (pgqueuer.run with its defaults, a"
+        " producer process at 100 jobs/s, the handler's first line reporting over UDP, as"
+        " ours); the floor rows time a one-row INSERT into a bare table,"
         " the cheapest durable commit this server's disk allows, which no send can beat.",
     ]
     return rows, notes

@@ -17,7 +17,7 @@ JOBS = 1_000
 WARMUP = 50
 
 
-class _Collector(asyncio.DatagramProtocol):
+class Collector(asyncio.DatagramProtocol):
     """Receives one latency (seconds, as text) per datagram from the worker's handler."""
 
     def __init__(self) -> None:
@@ -34,7 +34,7 @@ async def pickup_latency() -> tuple[float, float]:
     """
     loop = asyncio.get_running_loop()
     transport, collector = await loop.create_datagram_endpoint(
-        _Collector, local_addr=("127.0.0.1", 0)
+        Collector, local_addr=("127.0.0.1", 0)
     )
     port = transport.get_extra_info("sockname")[1]
     try:

@@ -7,12 +7,16 @@ worker entry point, ``pgqueuer.run(factory, batch_size=BATCH, mode=drain)``, on 
 the timing is read by the caller from pgqueuer's log table. ``python pgqueuer_peer.py send DSN
 SENDS`` installs the schema and times the producer as ``benchmarks.enqueue`` times ours: 20,000
 jobs in ``Queries.enqueue`` calls of 1,000, then ``SENDS`` single enqueues awaited one after
-another after a warm-up; it prints one JSON line. Only pgqueuer's public API is used.
+another after a warm-up; it prints one JSON line. ``install DSN``, ``serve DSN HOST:PORT`` and
+``produce DSN JOBS RATE`` measure pickup latency as ``benchmarks.latency`` does for ours (see
+``serve``). Only pgqueuer's public API is used.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -100,15 +104,74 @@ def drain(dsn: str, batch: int) -> None:
     uvloop.run(run(factory, batch_size=batch, mode=QueueExecutionMode.drain))
 
 
+def serve(dsn: str, addr: str) -> None:
+    """Run ``pgqueuer.run`` (continuous, its defaults) with an entrypoint that sends each job's
+    pickup latency, ``time.time()`` at its first line less the ``t`` its payload carries, as one
+    UDP datagram to ``addr`` (as benchmarks/noop.py's handler does for ours). Runs until killed.
+    """
+    host, port = addr.rsplit(":", 1)
+    target = (host, int(port))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[PgQueuer]:
+        conn = await asyncpg.connect(dsn)
+        pgq = PgQueuer(AsyncpgDriver(conn))
+
+        @pgq.entrypoint("pickup")
+        async def pickup(job: Job) -> None:
+            now = time.time()
+            sent = json.loads(job.payload or b"{}")["t"]
+            sock.sendto(repr(now - sent).encode(), target)
+
+        try:
+            yield pgq
+        finally:
+            await conn.close()
+
+    uvloop.run(run(factory))
+
+
+async def produce(dsn: str, jobs: int, rate: float) -> None:
+    """Enqueue ``jobs`` jobs of entrypoint ``pickup`` at ``rate`` per second, one at a time,
+    each carrying the wall-clock time just before its enqueue (as benchmarks/latency.py)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        start = time.monotonic()
+        for i in range(jobs):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await queries.enqueue("pickup", json.dumps({"t": time.time()}).encode(), 0)
+    finally:
+        await conn.close()
+
+
+async def install(dsn: str) -> None:
+    """Install pgqueuer's schema."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await Queries(AsyncpgDriver(conn)).install()
+    finally:
+        await conn.close()
+
+
 def main(argv: list[str]) -> None:
-    """Dispatch ``fill``, ``drain`` or ``send``."""
-    command, dsn, number = argv
+    """Dispatch ``fill``, ``drain``, ``send``, ``install``, ``serve`` or ``produce``."""
+    command, dsn, *rest = argv
     if command == "fill":
-        uvloop.run(fill(dsn, int(number)))
+        uvloop.run(fill(dsn, int(rest[0])))
     elif command == "send":
-        print(json.dumps(uvloop.run(send(dsn, int(number)))))
+        print(json.dumps(uvloop.run(send(dsn, int(rest[0])))))
     elif command == "drain":
-        drain(dsn, int(number))
+        drain(dsn, int(rest[0]))
+    elif command == "install":
+        uvloop.run(install(dsn))
+    elif command == "serve":
+        serve(dsn, rest[0])
+    elif command == "produce":
+        uvloop.run(produce(dsn, int(rest[0]), float(rest[1])))
     else:
         raise SystemExit(f"unknown command {command!r}")
 
