@@ -24,7 +24,8 @@ from tests.drills.helpers import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 QUEUE = "drill-work"
 #: Longer than any pickup this drill accepts: a job picked up sooner was woken by NOTIFY.

@@ -13,7 +13,8 @@ import pytest
 from tests.drills.helpers import SCALE, Fleet, Load, create_ledger, runs, sized, wait_for
 from worker.queue.sql import render
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 QUEUE = "drill-soak"
 RETENTION = 2

@@ -23,7 +23,8 @@ from tests.drills.helpers import (
 )
 from tests.support.dbproxy import DatabaseProxy
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 QUEUE = "drill-work"
 BACK_WITHIN = 10.0

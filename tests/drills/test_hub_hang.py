@@ -22,7 +22,8 @@ from tests.drills.helpers import (
 )
 from tests.support.hub import Hub
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 TOKEN = "drill-ingest-token"
 TIMEOUT = 1.0

@@ -17,7 +17,8 @@ from tests.drills.helpers import SCALE, Fleet, fetch, sized
 from tests.support.dbproxy import DatabaseProxy
 from tests.support.processes import run_cli
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 TOKEN = "drill-ingest-token"
 BATCH = 100

@@ -10,7 +10,8 @@ import pytest
 
 from tests.drills.helpers import SCALE, Fleet, Load, create_ledger, fetch, runs, sized, wait_for
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 QUEUE = "drill-work"
 RATE = 50  # jobs per second offered

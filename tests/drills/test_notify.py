@@ -12,7 +12,8 @@ import pytest
 from api_sender import Sender
 from tests.drills.helpers import SCALE, Fleet, create_ledger, fetch, runs, sized, wait_for
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 QUEUE = "drill-work"
 #: The fallback poll: a pickup well under it was woken by NOTIFY.

@@ -24,7 +24,8 @@ from tests.drills.helpers import (
     worker_id,
 )
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 QUEUE = "drill-work"
 WIDTH = 8

@@ -19,7 +19,8 @@ from tests.drills.helpers import (
     states,
 )
 
-pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
+#: At most two daemons: runs in the second drill lane, beside the multi-process drills.
+pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 QUEUE = "drill-starve"
 ENV = {"TOOL_JOBS": "tests.support.tooljobs:DRILL_STARVE", "DATABASE_POOL_SIZE": "4"}

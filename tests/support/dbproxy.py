@@ -68,6 +68,12 @@ class DatabaseProxy:
         await self._set_cut(True)
         if self._server is not None:
             self._server.close()
+        # The loop is the proxy's own: end its piping tasks before it stops, or they are
+        # reported as destroyed while pending when the interpreter collects them.
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._cut:
