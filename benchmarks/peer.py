@@ -3,7 +3,6 @@ timed like ours."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -14,8 +13,8 @@ from pathlib import Path
 import anyio
 import asyncpg
 
-from .common import ROOT, percentile, scratch_database
-from .latency import Collector
+from .common import ROOT, scratch_database
+from .latency import collecting
 
 PEERS = ROOT / "benchmarks" / ".peers"
 VENV = PEERS / "pgqueuer"
@@ -136,49 +135,31 @@ async def pgqueuer_pickup(jobs: int, rate: float, warmup: int) -> tuple[float, f
     """p50 and p99 (ms) of pgqueuer's pickup, measured as ``benchmarks.latency`` measures ours:
     ``pgqueuer.run`` in one process, a producer enqueuing at ``rate`` in another, and each
     handler's first line reporting ``now - sent`` over UDP. The first ``warmup`` are dropped."""
-    loop = asyncio.get_running_loop()
-    transport, collector = await loop.create_datagram_endpoint(
-        Collector, local_addr=("127.0.0.1", 0)
-    )
-    port = transport.get_extra_info("sockname")[1]
-    try:
-        async with scratch_database("pgqueuer") as url:
-            await anyio.to_thread.run_sync(lambda: _peer("install", url, timeout=120))
-            server = subprocess.Popen(
-                [str(PYTHON), str(SCRIPT), "serve", url, f"127.0.0.1:{port}"],
-                cwd=PEERS,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+    async with collecting() as collector, scratch_database("pgqueuer") as url:
+        await anyio.to_thread.run_sync(lambda: _peer("install", url, timeout=120))
+        server = subprocess.Popen(
+            [str(PYTHON), str(SCRIPT), "serve", url, f"127.0.0.1:{collector.port}"],
+            cwd=PEERS,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            # pgqueuer says nothing when it is listening: it is once a probe job comes back.
+            await anyio.to_thread.run_sync(lambda: _peer("produce", url, "1", "1", timeout=60))
+            await collector.arrivals(1, 30.0)
+            if not collector.samples:
+                raise RuntimeError("pgqueuer never picked up the probe job")
+            collector.samples.clear()
+            total = warmup + jobs
+            await anyio.to_thread.run_sync(
+                lambda: _peer("produce", url, str(total), str(rate), timeout=total / rate + 60)
             )
+            await collector.arrivals(total, 10.0)
+        finally:
+            server.terminate()
             try:
-                # pgqueuer says nothing when it is listening: it is once a probe job comes back.
-                await anyio.to_thread.run_sync(lambda: _peer("produce", url, "1", "1", timeout=60))
-                await _arrivals(collector, 1, 30.0)
-                if not collector.samples:
-                    raise RuntimeError("pgqueuer never picked up the probe job")
-                collector.samples.clear()
-                total = warmup + jobs
-                await anyio.to_thread.run_sync(
-                    lambda: _peer("produce", url, str(total), str(rate), timeout=total / rate + 60)
-                )
-                await _arrivals(collector, total, 10.0)
-            finally:
-                server.terminate()
-                try:
-                    await anyio.to_thread.run_sync(lambda: server.wait(10))
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    await anyio.to_thread.run_sync(server.wait)
-    finally:
-        transport.close()
-    samples = collector.samples[warmup:]
-    if len(samples) < jobs * 0.99:
-        raise RuntimeError(f"only {len(samples)} of {jobs} pgqueuer latencies arrived")
-    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
-
-
-async def _arrivals(collector: Collector, count: int, timeout: float) -> None:
-    """Wait until ``count`` datagrams arrived or ``timeout`` seconds passed."""
-    deadline = time.monotonic() + timeout
-    while len(collector.samples) < count and time.monotonic() < deadline:
-        await anyio.sleep(0.05)
+                await anyio.to_thread.run_sync(lambda: server.wait(10))
+            except subprocess.TimeoutExpired:
+                server.kill()
+                await anyio.to_thread.run_sync(server.wait)
+    return collector.figures(warmup, jobs, "pgqueuer")
