@@ -63,8 +63,10 @@ CLAIM = (
 -- The claim commits without waiting for the disk (synchronous_commit off for this statement
 -- alone): the handler starts one WAL flush sooner. Only a crash of the server can lose such a
 -- commit, and a lost claim is harmless under at-least-once: the job is waiting again with its
--- old attempt, so the handler's outcome matches no row (fenced, logged as lease lost) and the
--- job runs again. Outcomes always wait for the disk; so does a claim carrying them.
+-- old attempt and runs again; the handler's outcome matches no row (fenced, logged as lease
+-- lost), unless this same worker has meanwhile claimed the job again under the same attempt
+-- number, which that outcome then settles (the job did run to its end once). Outcomes always
+-- wait for the disk; so does a claim carrying them.
 WITH next AS (
     """
     + _claim_next("$1", "$2")
@@ -75,7 +77,8 @@ WITH next AS (
     + "\n"
 )
 
-CLAIM_ONE_PER_KEY = """
+CLAIM_ONE_PER_KEY = (
+    """
 -- claim for singleton/stately queues: as claim, but never a key that already has an active job
 -- and at most one job per key. A concurrent claim of the same key by another replica is
 -- refused by the unique index job_policy_active (the caller treats that as an empty claim).
@@ -102,9 +105,10 @@ WITH candidates AS (
 UPDATE {s}.job j
 SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
 WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
-  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
-RETURNING {cols}
 """
+    + _LAZY_COMMIT
+    + "RETURNING {cols}\n"
+)
 
 COMPLETE = (
     """
