@@ -57,6 +57,12 @@ async def test_database_down_at_boot_then_read_only_loses_nothing(
         proxy.cut()
         daemon = fleet.start(proxy.url)
         with Watch([daemon], paths=("/healthz", "/readyz")) as watch:
+            # The outage counts from the listener's first answer: a boot slowed by a busy
+            # machine must not eat the window in which the daemon has to answer 503.
+            async def answering() -> bool:
+                return any(s.status for s in watch.samples)
+
+            await wait_for(answering, 60, "the HTTP listener to answer", step=0.05)
             await asyncio.sleep(down_for)
             restored = time.time()
             proxy.restore()

@@ -68,12 +68,12 @@ class DatabaseProxy:
         await self._set_cut(True)
         if self._server is not None:
             self._server.close()
-        # The loop is the proxy's own: end its piping tasks before it stops, or they are
-        # reported as destroyed while pending when the interpreter collects them.
+        # The loop is the proxy's own: let its piping tasks end (the cut above aborted their
+        # sockets) before it stops, or they are reported as destroyed while pending. Cancelling
+        # them instead makes asyncio's stream callback log each as an error.
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._cut:
