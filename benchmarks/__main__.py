@@ -143,19 +143,13 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             lambda v: v >= 60_000,
             peer="pgqueuer 57,000",
         ),
-        measured(
-            f"pgqueuer {pgq_version} enqueue, same sitting, chunks of 1,000",
-            peer_chunked,
-            "jobs/s",
-            "-",
-            None,
+        _info(
+            f"pgqueuer {pgq_version} enqueue, same sitting, chunks of 1,000", peer_chunked, "jobs/s"
         ),
-        measured(
+        _info(
             "send_many chunks ratio ours / pgqueuer",
-            [a / b for a, b in zip(chunked, peer_chunked, strict=True)],
+            _ratios(chunked, peer_chunked),
             "x",
-            "-",
-            None,
             digits=2,
         ),
         measured(
@@ -176,46 +170,16 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             digits=3,
             peer="pgqueuer 0.70",
         ),
-        measured(
-            f"pgqueuer {pgq_version} single enqueue p50, same sitting",
-            peer50,
-            "ms",
-            "-",
-            None,
-            digits=3,
-        ),
-        measured(
-            f"pgqueuer {pgq_version} single enqueue p99, same sitting",
-            peer99,
-            "ms",
-            "-",
-            None,
-            digits=3,
-        ),
-        measured(
+        _info(f"pgqueuer {pgq_version} single enqueue p50, same sitting", peer50, "ms", digits=3),
+        _info(f"pgqueuer {pgq_version} single enqueue p99, same sitting", peer99, "ms", digits=3),
+        _info(
             "send p50 ratio ours / pgqueuer (lower is better)",
-            [a / b for a, b in zip(p50s, peer50, strict=True)],
+            _ratios(p50s, peer50),
             "x",
-            "-",
-            None,
             digits=2,
         ),
-        measured(
-            "floor: one-row INSERT p50 (a bare table, one connection)",
-            floor50,
-            "ms",
-            "-",
-            None,
-            digits=3,
-        ),
-        measured(
-            "floor: one-row INSERT p99",
-            floor99,
-            "ms",
-            "-",
-            None,
-            digits=3,
-        ),
+        _info("floor: one-row INSERT p50 (a bare table, one connection)", floor50, "ms", digits=3),
+        _info("floor: one-row INSERT p99", floor99, "ms", digits=3),
         measured(
             f"drain 60,000 no-op jobs, one worker ({drain.SETTINGS})",
             ours,
@@ -224,13 +188,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             None,
             peer="pgqueuer 15,000 (batch 50)",
         ),
-        measured(
-            f"pgqueuer {pgq_version} drain, same sitting (batch {peer.BATCH})",
-            theirs,
-            "jobs/s",
-            "-",
-            None,
-        ),
+        _info(f"pgqueuer {pgq_version} drain, same sitting (batch {peer.BATCH})", theirs, "jobs/s"),
         measured(
             "drain ratio ours / pgqueuer",
             ratios,
@@ -257,36 +215,18 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             digits=2,
             peer="pgqueuer 4.4",
         ),
-        measured(
-            f"pgqueuer {pgq_version} pickup p50, same sitting",
-            peer_pick50,
-            "ms",
-            "-",
-            None,
-            digits=2,
-        ),
-        measured(
-            f"pgqueuer {pgq_version} pickup p99, same sitting",
-            peer_pick99,
-            "ms",
-            "-",
-            None,
-            digits=2,
-        ),
-        measured(
+        _info(f"pgqueuer {pgq_version} pickup p50, same sitting", peer_pick50, "ms", digits=2),
+        _info(f"pgqueuer {pgq_version} pickup p99, same sitting", peer_pick99, "ms", digits=2),
+        _info(
             "pickup p50 ratio ours / pgqueuer (lower is better)",
-            [a / b for a, b in zip(pick50, peer_pick50, strict=True)],
+            _ratios(pick50, peer_pick50),
             "x",
-            "-",
-            None,
             digits=2,
         ),
-        measured(
+        _info(
             "pickup p99 ratio ours / pgqueuer (lower is better)",
-            [a / b for a, b in zip(pick99, peer_pick99, strict=True)],
+            _ratios(pick99, peer_pick99),
             "x",
-            "-",
-            None,
             digits=2,
         ),
         measured(
@@ -326,6 +266,16 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         " the cheapest durable commit this server's disk allows, which no send can beat.",
     ]
     return rows, notes
+
+
+def _info(figure: str, runs: list[float], unit: str, digits: int = 0) -> Row:
+    """A figure without a target of its own (a peer's, a ratio, a floor)."""
+    return measured(figure, runs, unit, "-", None, digits=digits)
+
+
+def _ratios(ours: list[float], theirs: list[float]) -> list[float]:
+    """Run by run: ours over pgqueuer's, in the same sitting."""
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
 def _wal_row(wal: list[float], runs: list[idle.IdleResult]) -> Row:

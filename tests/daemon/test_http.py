@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
 from api_sender import Sender
+from tests.support.ledger import create_ledger, done_counts
 from tests.support.processes import start_daemon
 
 #: One daemon per test, on its own database: no turn needed among the multi-process tests.
@@ -42,14 +44,10 @@ async def test_metrics_health_and_worker_404_on_v1(db_url: str, tmp_path) -> Non
 async def test_readyz_recovers_after_every_backend_is_terminated(db_url, admin_url, tmp_path):
     """pg_terminate_backend on every daemon connection: /readyz recovers by itself and new
     work is still picked up (the LISTEN connection comes back)."""
-    from tests.support.ledger import create_ledger, done_counts
-
     await create_ledger(db_url)
     daemon = start_daemon(db_url, tmp_path, env={"TOOL_JOBS": "tests.support.tooljobs:WORK"})
     try:
         await asyncio.to_thread(daemon.wait_ready, 60)
-        import asyncpg
-
         admin = await asyncpg.connect(admin_url)
         try:
             dbname = db_url.rsplit("/", 1)[1]
@@ -79,8 +77,6 @@ async def test_readyz_recovers_after_every_backend_is_terminated(db_url, admin_u
 
 async def test_a_database_closed_to_connections_is_waited_out(db_url, admin_url, tmp_path):
     """ALLOW_CONNECTIONS false, then true again: the worker waits (503) and recovers, not exits."""
-    import asyncpg
-
     daemon = start_daemon(db_url, tmp_path)
     dbname = db_url.rsplit("/", 1)[1]
     admin = await asyncpg.connect(admin_url)

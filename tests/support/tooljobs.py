@@ -31,32 +31,33 @@ CREATE TABLE IF NOT EXISTS public.ledger (
     at      timestamptz NOT NULL DEFAULT clock_timestamp()
 )"""
 
-_pool: asyncpg.Pool | None = None
-_pool_lock: asyncio.Lock | None = None
+
+class _LazyPool:
+    """A pool opened on first use, once: handlers starting together would otherwise each open
+    one of their own."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._pool: asyncpg.Pool | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def get(self) -> asyncpg.Pool:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(os.environ["DATABASE_URL"], **self._options)
+        assert self._pool is not None
+        return self._pool
 
 
-async def _db() -> asyncpg.Pool:
-    # Under a lock: handlers starting together would otherwise each open a pool of their own.
-    global _pool, _pool_lock
-    if _pool_lock is None:
-        _pool_lock = asyncio.Lock()
-    async with _pool_lock:
-        if _pool is None:
-            # The ledger only counts runs; no test restarts the server under it (the drills
-            # have their own), so its writes need not wait for the disk: the worker's are what
-            # is tested.
-            _pool = await asyncpg.create_pool(
-                os.environ["DATABASE_URL"],
-                min_size=1,
-                max_size=4,
-                server_settings={"synchronous_commit": "off"},
-            )
-    assert _pool is not None
-    return _pool
+#: The ledger only counts runs; no test restarts the server under it (the drills have their own),
+#: so its writes need not wait for the disk: the worker's are what is tested.
+_ledger = _LazyPool(min_size=1, max_size=4, server_settings={"synchronous_commit": "off"})
 
 
 async def _write(phase: str, data: Any, job: JobInfo) -> None:
-    pool = await _db()
+    pool = await _ledger.get()
     await pool.execute(
         "INSERT INTO public.ledger (job_id, queue, key, data, attempt, pid, phase)"
         " VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $7)",
@@ -140,35 +141,19 @@ _DRILL_RETRYABLE: tuple[type[BaseException], ...] = (
     asyncpg.InternalClientError,
 )
 
-_drill_pool: asyncpg.Pool | None = None
-_drill_pool_lock: asyncio.Lock | None = None
-
-
-async def _drill_db() -> asyncpg.Pool:
-    global _drill_pool, _drill_pool_lock
-    if _drill_pool_lock is None:
-        _drill_pool_lock = asyncio.Lock()
-    async with _drill_pool_lock:
-        if _drill_pool is None:
-            _drill_pool = await asyncpg.create_pool(
-                os.environ["DATABASE_URL"],
-                min_size=0,
-                max_size=int(os.environ.get("DRILL_LEDGER_POOL", "2")),
-                # The ledger must be writable even while a drill makes new sessions read-only.
-                server_settings={
-                    "application_name": "drill ledger",
-                    "default_transaction_read_only": "off",
-                },
-            )
-    assert _drill_pool is not None
-    return _drill_pool
+_drill_ledger = _LazyPool(
+    min_size=0,
+    max_size=int(os.environ.get("DRILL_LEDGER_POOL", "2")),
+    # The ledger must be writable even while a drill makes new sessions read-only.
+    server_settings={"application_name": "drill ledger", "default_transaction_read_only": "off"},
+)
 
 
 async def _drill_write(run: uuid.UUID, phase: str, job: JobInfo) -> None:
     deadline = time.monotonic() + DRILL_WRITE_PATIENCE
     while True:
         try:
-            pool = await _drill_db()
+            pool = await _drill_ledger.get()
             await asyncio.wait_for(
                 pool.execute(
                     "INSERT INTO public.drill_ledger (run, phase, job_id, queue, key, attempt, pid)"
