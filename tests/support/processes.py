@@ -31,11 +31,21 @@ FAST_TIMINGS = {
 }
 
 
+#: Ports this process handed out: a port is free again the moment its probe socket closes, so
+#: the kernel may offer it twice before the first daemon binds it (seen: two of ten daemons
+#: started in one loop got the same port, and one daemon's /readyz answered for the other).
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on right now and not handed out before by this process."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def base_env(database_url: str, **extra: str) -> dict[str, str]:
@@ -84,10 +94,17 @@ class Daemon:
             if self.process.poll() is not None:
                 raise AssertionError(f"daemon exited {self.process.returncode}:\n{self.logs()}")
             status, _ = self.get("/readyz", timeout=1.0)
-            if status == 200:
+            # Only this process's own listener counts (another may hold the port).
+            if status == 200 and self._listening():
                 return
             time.sleep(0.05)
         raise AssertionError(f"daemon not ready after {timeout}s:\n{self.logs()}")
+
+    def _listening(self) -> bool:
+        """Whether this process logged that its HTTP listener is bound to ``port``."""
+        return any(
+            e.get("event") == "http.listening" and e.get("port") == self.port for e in self.events()
+        )
 
     def logs(self) -> str:
         """Everything the process wrote so far."""
