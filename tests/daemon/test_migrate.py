@@ -74,3 +74,19 @@ async def test_five_processes_racing_migrate_all_exit_zero(empty_db_url: str, tm
         assert await conn.fetchval("SELECT completed_at IS NOT NULL FROM jobs.install")
     finally:
         await conn.close()
+
+
+async def test_migration_0003_drops_job_due_left_by_an_older_install(db_url: str) -> None:
+    """A database installed before job_due left 0001 still has that index; the next migrate
+    drops it, so sends stop paying for its entries."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        # What an install by a build before 2026-11-30 looks like: job_due present, 0003 not run.
+        await conn.execute(
+            "CREATE INDEX job_due ON jobs.job (queue, start_after) WHERE state < 'active'"
+        )
+        await conn.execute("DELETE FROM jobs.schema_migration WHERE version >= 3")
+        assert await migrate(conn, "jobs", lock_timeout=10) == list(range(3, latest_version() + 1))
+        assert await conn.fetchval("SELECT to_regclass('jobs.job_due')") is None
+    finally:
+        await conn.close()

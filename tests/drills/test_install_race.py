@@ -14,6 +14,7 @@ import pytest
 from tests.drills.helpers import SCALE, Fleet, fetch, log_events
 from tests.support.postgres import create_database, drop_database, with_database
 from tests.support.processes import Daemon
+from worker.db.migrations import latest_version
 
 pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
 
@@ -104,7 +105,7 @@ async def test_ten_workers_install_once_even_when_the_installer_dies(
     assert time.monotonic() - released < 30
     await check_installed_once(second_empty_url, survivors, victim)
     finished = [e["version"] for d in survivors for e in log_events(d, "migrate.applied")]
-    assert finished == [2], f"the survivors applied {finished}"
+    assert finished == list(range(2, latest_version() + 1)), f"the survivors applied {finished}"
     drill_report(
         f"drill 12 install race [{SCALE}: {WORKERS} workers at one instant, twice]: empty"
         f" database -> installed once, all ready in {race:.1f}s, none started before the install"
