@@ -28,3 +28,12 @@ def quoted(name: str) -> str:
 def notify_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel that announces new due jobs in ``schema``."""
     return CHANNEL_PREFIX + check_schema_name(schema)
+
+
+#: Channel prefix of interrupt requests for running jobs (cancel, delete), one per schema.
+CANCEL_CHANNEL_PREFIX = "chassis_cancel_"
+
+
+def cancel_channel(schema: str) -> str:
+    """The channel on which ``<owner> <id>,<id>...`` asks a replica to interrupt those jobs."""
+    return CANCEL_CHANNEL_PREFIX + check_schema_name(schema)

@@ -21,3 +21,20 @@ class QueueNotFound(SenderError, LookupError):
 
 class InvalidJob(SenderError, ValueError):
     """A job's payload or options cannot be enqueued; the message names the field."""
+
+
+class InvalidArgument(SenderError, ValueError):
+    """An argument of a read or an action is not valid; the message names it."""
+
+
+class PermissionDenied(SenderError, PermissionError):
+    """The database role lacks a right the action needs (for example DELETE for jobs.delete and
+    queues.purge, which only the worker role has: config/roles.sql)."""
+
+    def __init__(self, action: str, detail: str) -> None:
+        super().__init__(
+            f"{action} is not allowed for this database role ({detail}); "
+            "delete and purge need DELETE on the queue tables, which the worker role has "
+            "(config/roles.sql)"
+        )
+        self.action = action

@@ -18,6 +18,8 @@ def _claim_next(queue: str, limit: str) -> str:
     return (
         "SELECT id FROM {s}.job\n"
         f"    WHERE queue = {queue} AND state < 'active' AND start_after <= now()\n"
+        # A paused queue starts nothing: one look at its row (an InitPlan, evaluated once).
+        f"      AND NOT (SELECT paused FROM {{s}}.queue WHERE name = {queue})\n"
         "    ORDER BY priority DESC, start_after, id\n"
         f"    LIMIT {limit}\n"
         "    FOR UPDATE SKIP LOCKED"
@@ -87,6 +89,7 @@ WITH candidates AS (
     SELECT j.id, COALESCE(j.singleton_key, '') AS k, j.priority, j.start_after
     FROM {s}.job j
     WHERE j.queue = $1 AND j.state < 'active' AND j.start_after <= now()
+      AND NOT (SELECT paused FROM {s}.queue WHERE name = $1)
       AND NOT EXISTS (
           SELECT 1 FROM {s}.job a
           WHERE a.queue = j.queue AND a.state = 'active'
@@ -244,7 +247,9 @@ PROBE = """
 -- usage), the probe reads a handful of index entries, and sends need no second waiting index.
 WITH RECURSIVE priorities AS (
     SELECT q.queue, top.priority
-    FROM unnest($1::text[]) AS q (queue),
+    FROM unnest($1::text[]) AS q (queue)
+    -- A paused queue is never due: its poller stays asleep until resume notifies it.
+    JOIN {s}.queue pq ON pq.name = q.queue AND NOT pq.paused,
     LATERAL (
         SELECT j.priority FROM {s}.job j
         WHERE j.queue = q.queue AND j.state < 'active'
