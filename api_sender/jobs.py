@@ -129,7 +129,7 @@ class JobFilter:
     until: datetime | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.queue, str) or not self.queue:
+        if not isinstance(self.queue, str) or not self.queue or "\x00" in self.queue:
             raise InvalidArgument("filter queue must be a non-empty string")
         check_state(self.state)
         for name in ("since", "until"):
@@ -248,6 +248,18 @@ class JobsApi:
     async def delete_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
         """:meth:`delete` every job matching the filter (see :class:`JobFilter`)."""
         return (await self.act_where("delete", JobFilter(**filter_), dry_run=dry_run)).changed
+
+    async def count_waiting(self, where: JobFilter) -> int:
+        """How many created/retry jobs ``where`` matches (what ``queues.purge`` would delete)."""
+        sql = self._sql(q.COUNT_WHERE)
+        values = {
+            "queue": where.queue,
+            "states": [s for s in ("created", "retry") if where.state in (None, s)],
+            "since": where.since,
+            "until": where.until,
+        }
+        count: int = await self._pool.fetchval(sql.text, *sql.args(values))
+        return count
 
     async def act(self, action: Action, ids: Iterable[int]) -> ActionResult:
         """Run ``action`` on these ids (one statement with its audit row)."""
