@@ -366,14 +366,19 @@ async def _plan(sender: Sender, params: Mapping[str, str], rights: _Rights) -> d
             raise PermissionDenied("jobs.delete", "this database role has no DELETE")
         where = _filter_of(params)
         count = (await sender.jobs.act_where(action, where, dry_run=True)).changed
-        shown = ", ".join(f"{k} {v}" for k, v in where.as_json().items() if v)
+        bounds = "".join(
+            f", created {word} {value}"
+            for word, value in (("from", where.since), ("before", where.until))
+            if value is not None
+        )
+        shown = f"every {where.state + ' ' if where.state else ''}job of queue {where.queue}"
         return {
             "kind": kind,
             "action": action,
             "verb": VERBS[action],
             "noun": "job",
             "count": count,
-            "scope": f"every job with {shown} in a state {action} applies to",
+            "scope": shown + bounds,
             "note": "The count is taken now; jobs that change meanwhile are counted again when "
             "you confirm.",
             "fields": [(k, v) for k, v in where.as_json().items() if v],
