@@ -34,8 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="boot the daemon")
     run.add_argument("--role", choices=["api", "worker", "all"], help="overrides SERVICE_ROLE")
     sub.add_parser("migrate", help="apply migrations and install queues and schedules")
-    queues = sub.add_parser("queues", help="jobs per queue and state")
+    queues = sub.add_parser("queues", help="jobs per queue and state; pause, resume, purge")
     queues.add_argument("--json", action="store_true", help="print JSON")
+    from .commands.jobs import add_jobs_parser, add_queue_actions
+
+    add_queue_actions(queues)
+    add_jobs_parser(sub)
     send = sub.add_parser("send", help="enqueue one job and print its id")
     send.add_argument("queue")
     send.add_argument("data", metavar="JSON", help="the job's data as JSON")
@@ -87,14 +91,17 @@ Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
 
 
 def _command(args: argparse.Namespace) -> Command:
-    from .commands import held, operate
+    from .commands import held, jobs, operate
 
+    if args.command == "queues" and getattr(args, "queue_action", None):
+        return jobs.queue_action_command
     commands: dict[str, Command] = {
         "run": operate.run_command,
         "migrate": operate.migrate_command,
         "queues": operate.queues_command,
         "send": operate.send_command,
         "held": held.held_command,
+        "jobs": jobs.jobs_command,
     }
     return commands[args.command]
 

@@ -415,7 +415,7 @@ SELECT q.name,
        (SELECT extract(epoch FROM now() - min(j.start_after)) FROM {s}.job j
         WHERE j.queue = q.name AND j.state < 'active' AND j.start_after <= now())
            AS oldest_waiting_seconds,
-       q.policy, q.dead_letter, s.cron, s.last_run
+       q.policy, q.dead_letter, q.paused, s.cron, s.last_run
 FROM {s}.queue q LEFT JOIN {s}.schedule s ON s.queue = q.name
 ORDER BY q.name
 """
