@@ -27,7 +27,7 @@ class InvalidArgument(SenderError, ValueError):
     """An argument of a read or an action is not valid; the message names it."""
 
 
-class PermissionDenied(SenderError, PermissionError):
+class PermissionDenied(SenderError):
     """The database role lacks a right the action needs (for example DELETE for jobs.delete and
     queues.purge, which only the worker role has: config/roles.sql)."""
 

@@ -48,13 +48,15 @@ _BY_IDS = """j.id = ANY(:ids::bigint[])
 def _audit(
     action: str, resource_type: str, resource: str, metadata: str, when: str = "true"
 ) -> str:
-    """The CTE that writes an action's one audit row (chassis table ``public.audit_log``)."""
+    """The CTE that writes an action's one audit row (chassis table ``public.audit_log``).
+
+    No RETURNING: the api role may INSERT into the audit log but not read it (config/roles.sql),
+    and a data-modifying CTE runs whether or not it is read."""
     return f"""audit AS (
     INSERT INTO public.audit_log
         (workspace_id, actor_via, principal, action, resource_type, resource_id, metadata)
     SELECT NULL, :actor_via, :principal, '{action}', '{resource_type}', {resource}, {metadata}
     WHERE {when}
-    RETURNING id
 )"""
 
 
@@ -68,12 +70,11 @@ _FILTER_METADATA = """jsonb_build_object(
         'filter', :filter::text::jsonb, 'count', (SELECT count(*) FROM changed))"""
 
 #: The answer of every job action: the changed ids (at most :shown, ascending), their count,
-#: and the side effects forced to run (a SELECT CTE runs only when read).
+#: and the NOTIFY side effect forced to run (a SELECT CTE runs only when read).
 _RESULT = """
 SELECT ARRAY(SELECT id FROM changed ORDER BY id LIMIT :shown) AS ids,
        (SELECT count(*) FROM changed) AS changed,
-       (SELECT count(*) FROM note) AS notified,
-       (SELECT count(*) FROM audit) AS audited
+       (SELECT count(*) FROM note) AS notified
 """
 
 #: Wakes workers for queues that got due work back (retry, resume).
@@ -165,7 +166,7 @@ WITH q AS (
     {note}
 ), {_audit(action, "queue", "(SELECT name FROM q)", metadata, "EXISTS (SELECT 1 FROM q)")}
 SELECT EXISTS (SELECT 1 FROM q) AS found, (SELECT count(*) FROM changed) AS changed,
-       (SELECT count(*) FROM note) AS notified, (SELECT count(*) FROM audit) AS audited
+       (SELECT count(*) FROM note) AS notified
 """,
     )
 
