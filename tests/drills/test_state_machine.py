@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -116,6 +117,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.beat_at: dict[uuid.UUID, int] = {}
         self.seen_attempt: dict[int, int] = {}
         self.seen_terminal: dict[int, str] = {}
+        #: Every claim handed out: its claim instant moves with the database's when time passes.
+        self.handed_out: list[ClaimedJob] = []
         h.run(
             make_queue(
                 h.pool,
@@ -205,6 +208,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         expected = [j.id for j in eligible[:limit]]
         assert sorted(c.id for c in got) == sorted(expected)
+        self.handed_out.extend(got)
         for claimed in got:
             job = self.jobs[claimed.id]
             job.state = "active"
@@ -287,6 +291,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.harness.run(self._shift(seconds))
 
     async def _shift(self, seconds: int) -> None:
+        # A claim is fenced on its instant (started_at) too: the workers' copies move with it.
+        for claimed in self.handed_out:
+            claimed.started_at -= timedelta(seconds=seconds)
         pool = self.harness.pool
         await pool.execute(
             "UPDATE jobs.job SET start_after = start_after - make_interval(secs => $2),"

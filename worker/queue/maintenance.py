@@ -94,13 +94,15 @@ class Maintenance:
             if not await try_xact_lock(conn, MAINTENANCE, self._schema):
                 return 0, 0
             candidates = await conn.fetch(self._sql.rescue_candidates, self._stale, RESCUE_BATCH)
-        rescued = await self._rescue(candidates)
+        rescued = await self.rescue(candidates)
         pruned = await self._prune() if prune else 0
         if rescued or pruned:
             log.info("maintenance.ran", rescued=rescued, pruned=pruned)
         return rescued, pruned
 
-    async def _rescue(self, rows: list[asyncpg.Record]) -> int:
+    async def rescue(self, rows: list[asyncpg.Record]) -> int:
+        """Fail each rescue candidate (a row of ``rescue_candidates``) as an attempt, fenced on
+        its owner, attempt and claim instant; return how many still matched."""
         if not rows:
             return 0
         failures = []
@@ -118,6 +120,7 @@ class Maintenance:
                 priority=0,
                 start_after=None,
                 raw_data=None,
+                started_at=row["started_at"],
             )
             failures.append((job, f"rescued: {row['reason']}"))
             owners.append(row["locked_by"] or uuid.UUID(int=0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 import asyncpg
@@ -57,6 +58,7 @@ class JobStore:
             self.owner,
             [j.id for j in done],
             [j.attempt for j in done],
+            [j.started_at for j in done],
         )
         lost = set(rows[0]["lost"])
         jobs = [ClaimedJob.from_row(queue, row) for row in rows if row["id"] is not None]
@@ -67,9 +69,7 @@ class JobStore:
         rescued or expired meanwhile and are left as they are)."""
         if not jobs:
             return set()
-        rows = await self.pool.fetch(
-            self.sql.complete, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
-        )
+        rows = await self.pool.fetch(self.sql.complete, *self._fence(jobs))
         return {row["id"] for row in rows}
 
     async def complete_lost(self, jobs: Sequence[ClaimedJob]) -> set[int]:
@@ -77,9 +77,7 @@ class JobStore:
         meanwhile, left as they are). Cheaper than :meth:`complete` for large batches."""
         if not jobs:
             return set()
-        lost = await self.pool.fetchval(
-            self.sql.complete_lost, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
-        )
+        lost = await self.pool.fetchval(self.sql.complete_lost, *self._fence(jobs))
         return set(lost)
 
     async def fail(
@@ -95,6 +93,7 @@ class JobStore:
             [job.attempt for job, _ in failures],
             owner_list,
             [error[:2000] for _, error in failures],
+            [job.started_at for job, _ in failures],
         )
         return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
 
@@ -102,10 +101,19 @@ class JobStore:
         """Return claimed jobs to the queue, due at once, without counting a failure."""
         if not jobs:
             return set()
-        rows = await self.pool.fetch(
-            self.sql.hand_back, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
-        )
+        rows = await self.pool.fetch(self.sql.hand_back, *self._fence(jobs))
         return {row["id"] for row in rows}
+
+    def _fence(
+        self, jobs: Sequence[ClaimedJob]
+    ) -> tuple[list[int], list[int], UUID, list[datetime]]:
+        """The fence parameters of a batched write: ids, attempts, owner, claim instants."""
+        return (
+            [j.id for j in jobs],
+            [j.attempt for j in jobs],
+            self.owner,
+            [j.started_at for j in jobs],
+        )
 
 
 def _ordered(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
