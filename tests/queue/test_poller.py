@@ -121,3 +121,29 @@ async def test_batch_outcomes_per_job_or_all_at_once(pool, sender: Sender) -> No
     await run_until(pool, Consumer("q", batch_size=3, run_batch=run_batch), second_settled)
     result = await states(pool)
     assert {result[i] for i in second} == {("failed", "RuntimeError: downstream down")}
+
+
+async def test_an_unencodable_error_text_sinks_no_other_outcome(pool, sender: Sender) -> None:
+    """A handler error with a lone surrogate and a NUL, failing beside jobs that fail and
+    succeed: every outcome is written, and the error is stored with both replaced."""
+    await make_queue(pool, "q", retry_limit=0)
+    ids = await sender.send_many("q", [{"n": n} for n in range(6)])
+
+    async def handler(job: ClaimedJob) -> None:
+        n = job.data["n"]
+        if n == 0:
+            raise ValueError("bad \ud800 byte\x00 here")
+        if n in (1, 2):
+            raise ValueError(f"plain {n}")
+
+    async def settled() -> bool:
+        return all(s in ("completed", "failed") for s, _ in (await states(pool)).values())
+
+    await run_until(pool, Consumer("q", batch_size=6, concurrency=6, run_job=handler), settled)
+    result = await states(pool)
+    assert result[ids[0]] == ("failed", "ValueError: bad \ufffd byte here")
+    assert [result[i] for i in ids[1:3]] == [
+        ("failed", "ValueError: plain 1"),
+        ("failed", "ValueError: plain 2"),
+    ]
+    assert [result[i] for i in ids[3:]] == [("completed", None)] * 3

@@ -92,7 +92,7 @@ class JobStore:
             [job.id for job, _ in failures],
             [job.attempt for job, _ in failures],
             owner_list,
-            [error[:2000] for _, error in failures],
+            [storable_text(error[:2000]) for _, error in failures],
             [job.started_at for job, _ in failures],
         )
         return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
@@ -114,6 +114,16 @@ class JobStore:
             self.owner,
             [j.started_at for j in jobs],
         )
+
+
+def storable_text(text: str) -> str:
+    """``text`` as PostgreSQL can store it: surrogate pairs joined into their character, a lone
+    surrogate (which UTF-8 cannot encode) replaced by U+FFFD, and NUL (which text cannot hold)
+    removed."""
+    if text.isascii():
+        return text.replace("\x00", "")
+    joined = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return joined.replace("\x00", "")
 
 
 def _ordered(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
