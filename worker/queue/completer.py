@@ -10,8 +10,9 @@ import anyio
 import anyio.lowlevel
 import structlog
 
-from ..db.connections import TRANSIENT_ERRORS, backoff_delay
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
 from ..metrics import JOBS_COMPLETED, JOBS_FAILED, JOBS_HANDED_BACK, JOBS_LEASE_LOST
+from .availability import Availability
 from .holdings import Holdings
 from .jobs import ClaimedJob
 from .store import FailOutcome, JobStore, storable_text
@@ -34,7 +35,10 @@ class Completer:
     poller whose job it was hears of it (:meth:`watch`) only once it is written.
     """
 
-    def __init__(self, store: JobStore, holdings: Holdings) -> None:
+    def __init__(
+        self, store: JobStore, holdings: Holdings, availability: Availability | None = None
+    ) -> None:
+        self._availability = availability
         self._store = store
         self._holdings = holdings
         self._done: list[ClaimedJob] = []
@@ -153,7 +157,9 @@ class Completer:
             part = parts[-1]
             try:
                 await statement(part)
-            except TRANSIENT_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
+                if isinstance(exc, TRANSIENT_ERRORS) and self._availability is not None:
+                    self._availability.lost()
                 delay = backoff_delay(attempt)
                 attempt += 1
                 log.warning(

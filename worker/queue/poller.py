@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import anyio
 import structlog
 
-from ..db.connections import TRANSIENT_ERRORS, backoff_delay
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
 from ..metrics import JOB_DURATION
+from .availability import Availability
 from .completer import Completer
 from .holdings import Holdings
 from .jobs import ClaimedJob
@@ -71,8 +72,10 @@ class Poller:
         store: JobStore,
         completer: Completer,
         holdings: Holdings,
+        availability: Availability | None = None,
     ) -> None:
         self.consumer = consumer
+        self._availability = availability or Availability()
         self.waker = Waker()
         self._store = store
         self._completer = completer
@@ -84,6 +87,9 @@ class Poller:
         self._held = 0
         self._wants_room = False
         self._piggyback = not consumer.one_per_key
+        #: The last claim carrying successes was refused: claim alone once, and let the
+        #: completer write them (it writes a refused batch in parts).
+        self._solo = False
         completer.watch(consumer.queue, self._settled)
         self._running: set[anyio.CancelScope] = set()
         self._work: deque[Work] = deque()
@@ -162,7 +168,8 @@ class Poller:
                 self._wants_room = True
                 await self._capacity.wait_since(self._capacity.generation)
                 continue
-            done = self._completer.take_done() if self._piggyback else []
+            done = self._completer.take_done() if self._piggyback and not self._solo else []
+            self._solo = False
             mine = sum(1 for job in done if job.queue == queue)
             want = min(consumer.batch_size, self._limit - self._held + mine)
             try:
@@ -176,8 +183,14 @@ class Poller:
                 # Not written (or unknown: a second write of a written job matches nothing and
                 # is only logged as lease lost): the successes go out with the next flush.
                 self._completer.restore_done(done)
-                if not isinstance(exc, TRANSIENT_ERRORS):
+                retryable = isinstance(exc, RETRYABLE_ERRORS)
+                if not retryable and not done:
                     raise
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    self._availability.lost()
+                # Refused with successes on board: one of them may be what the database
+                # refuses; the completer writes them apart, and this poller claims alone.
+                self._solo = not retryable
                 delay = backoff_delay(attempt)
                 attempt += 1
                 log.warning(
