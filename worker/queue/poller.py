@@ -54,11 +54,14 @@ class Consumer:
 class Poller:
     """Claims jobs of one queue when woken and runs them; stops cleanly on request.
 
-    At most ``max(batch_size, concurrency)`` jobs (batches: ``concurrency`` batches) are held at
-    once, so one process never hoards work other replicas could run. A job is held from its
-    claim until its outcome is written, so a slow completion write slows claiming down instead
-    of piling up active jobs. Successes waiting to be written ride along with the next claim
-    (one statement, one commit), except on one-per-key queues.
+    A claimed job's expiry runs from its claim (the database's clock), so the poller never
+    claims more than its runners can start at once: at most ``concurrency`` jobs are held (a
+    fetch claims up to ``batch_size`` of the free slots), and a batch consumer claims a batch
+    only for a free runner. No job waits in the worker's hands while its expiry runs, and one
+    process never hoards work other replicas could run. A job is held from its claim until its
+    outcome is written, so a slow completion write slows claiming down instead of piling up
+    active jobs. Successes waiting to be written ride along with the next claim (one statement,
+    one commit), except on one-per-key queues.
 
     Claimed work waits in a deque that the runners pop. The hot path costs no task switch per
     job: a runner takes the next job itself when its handler returns, and wakes one idle runner
@@ -99,10 +102,13 @@ class Poller:
         self._waking = 0
         self._closed = False
         self._duration = JOB_DURATION.labels(consumer.queue)
-        if consumer.run_batch is not None:
+        self._batches = consumer.run_batch is not None
+        #: Batches claimed whose handler has not finished (batch consumers only).
+        self._busy = 0
+        if self._batches:
             self._limit = consumer.batch_size * consumer.concurrency
         else:
-            self._limit = max(consumer.batch_size, consumer.concurrency)
+            self._limit = consumer.concurrency
         # Claim again once at least half a batch of room is free, not one slot at a time.
         self._threshold = max(1, min(consumer.batch_size, self._limit) // 2)
         self.stopped = anyio.Event()
@@ -142,6 +148,8 @@ class Poller:
 
     def _room(self) -> int:
         """Free slots if this poller claimed now, counting the successes it would write."""
+        if self._batches and self._busy >= self.consumer.concurrency:
+            return 0
         room = self._limit - self._held
         if self._piggyback:
             room += self._completer.untaken(self.consumer.queue)
@@ -204,7 +212,8 @@ class Poller:
             if jobs:
                 self._holdings.add(len(jobs))
                 self._held += len(jobs)
-                if consumer.run_batch is not None:
+                if self._batches:
+                    self._busy += 1
                     self._work.append(jobs)
                 else:
                     self._work.extend(jobs)
@@ -237,8 +246,11 @@ class Poller:
             self._wake_runner()
         return work
 
-    def _done(self, n: int) -> None:
-        """``n`` outcomes were handed to the completer: a claim may now carry them."""
+    def _done(self, work: Work) -> None:
+        """``work``'s outcomes were handed to the completer: its runner is free, and a claim
+        may now carry them."""
+        if isinstance(work, list):
+            self._busy -= 1
         if self._wants_room:
             self._wake_fetcher()
 
@@ -275,7 +287,7 @@ class Poller:
         jobs = work if isinstance(work, list) else [work]
         for job in jobs:
             self._completer.handed_back(job)
-        self._done(len(jobs))
+        self._done(work)
 
     def _interrupted_work(self, work: Work) -> None:
         """A runner's scope was cancelled mid-run: grace exceeded (hand back) or expired."""
@@ -289,7 +301,7 @@ class Poller:
                 self._completer.failed(job, f"expired: batch ran past {expire}s")
         else:
             self._completer.failed(work, f"expired: ran past {work.expire_seconds}s")
-        self._done(len(jobs))
+        self._done(work)
 
     async def _run_one(self, job: ClaimedJob, expiry: _Expiry) -> None:
         run_job = self.consumer.run_job
@@ -306,7 +318,7 @@ class Poller:
             self._completer.failed(job, f"{type(exc).__name__}: {exc}")
         finally:
             self._duration.observe(time.perf_counter() - started)
-        self._done(1)
+        self._done(job)
 
     async def _run_batch(self, jobs: list[ClaimedJob], expiry: _Expiry) -> None:
         run_batch = self.consumer.run_batch
@@ -330,7 +342,7 @@ class Poller:
                 self._completer.failed(job, error)
         finally:
             self._duration.observe(time.perf_counter() - started)
-        self._done(len(jobs))
+        self._done(jobs)
 
 
 class _Expiry:
