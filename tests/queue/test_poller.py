@@ -256,3 +256,32 @@ async def test_an_unencodable_error_text_sinks_no_other_outcome(pool, sender: Se
         ("failed", "ValueError: plain 2"),
     ]
     assert [result[i] for i in ids[3:]] == [("completed", None)] * 3
+
+
+async def test_a_refused_completion_riding_a_claim_stops_neither_poller_nor_others(
+    pool, sender: Sender, captured_logs
+) -> None:
+    """When the database refuses one job's completion that rides on the next claim, the poller
+    keeps claiming and every other job completes; the refused job alone is given up."""
+    await make_queue(pool, "q", retry_limit=0)
+    ids = await sender.send_many("q", [{"n": n} for n in range(8)])
+    refused = ids[2]
+    await pool.execute(
+        "CREATE FUNCTION public.refuse_outcome() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'refused by the test' USING ERRCODE = '23514'; END $$;"
+        " CREATE TRIGGER refuse_outcome BEFORE UPDATE ON jobs.job FOR EACH ROW"
+        f" WHEN (OLD.id = {int(refused)} AND NEW.state <> 'active')"
+        " EXECUTE FUNCTION public.refuse_outcome()"
+    )
+
+    async def handler(job: ClaimedJob) -> None:
+        await anyio.sleep(0.01)
+
+    async def settled() -> bool:
+        current = await states(pool)
+        return all(current[i][0] == "completed" for i in ids if i != refused)
+
+    await run_until(pool, Consumer("q", batch_size=2, concurrency=2, run_job=handler), settled)
+    assert (await states(pool))[refused][0] == "active"
+    given_up = [e["ids"] for e in captured_logs if e["event"] == "job.outcome_given_up"]
+    assert given_up == [[refused]]
