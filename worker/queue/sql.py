@@ -356,6 +356,19 @@ WHERE (q.policy, q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
        EXCLUDED.dead_letter)
 """
 
+DEAD_LETTER_CONFLICTS = """
+-- install: queues among $1, or queues naming one of $1 as dead letter, whose dead letter allows
+-- one queued job per key (short, stately). A dead-letter copy has no key, so such a dead letter
+-- would keep one copy and refuse the rest: the install refuses the pair instead. Run in the
+-- install's transaction after its upserts, under the install lock, so a dead letter declared by
+-- another deployment, or changed by one, is seen as it will be committed.
+SELECT q.name, q.dead_letter, d.policy
+FROM {s}.queue q JOIN {s}.queue d ON d.name = q.dead_letter
+WHERE d.policy IN ('short', 'stately')
+  AND (q.name = ANY($1::text[]) OR d.name = ANY($1::text[]))
+ORDER BY q.name
+"""
+
 QUEUE_EXISTS = "SELECT EXISTS (SELECT 1 FROM {s}.queue WHERE name = $1)"
 
 UPSERT_SCHEDULE = """
@@ -445,6 +458,7 @@ class QueueStatements:
     prune_workers: str
     min_retention: str
     upsert_queue: str
+    dead_letter_conflicts: str
     queue_exists: str
     upsert_schedule: str
     delete_schedule: str
