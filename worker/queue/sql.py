@@ -166,6 +166,11 @@ FAIL = """
 -- retry_delay (times 2^retry_count with backoff) in state retry; at the limit it is failed and a
 -- copy of its data goes to its queue's dead letter (read now, so a dead letter added later still
 -- covers older jobs). Queues with newly due work are notified.
+-- Every exhausted job gets its copy: the copy has no key and is not a timer, so only the
+-- queued-per-key index job_policy_queued could refuse it, and only under a short or stately
+-- policy. The install refuses such a dead letter; should one exist anyway (set outside the
+-- install), its copies take the policy minus that limit (short -> standard, stately ->
+-- singleton). No ON CONFLICT clause: a copy is never dropped silently.
 WITH f AS (
     SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[])
         AS f(id, attempt, owner, error)
@@ -186,14 +191,15 @@ WITH f AS (
 ), dead AS (
     INSERT INTO {s}.job (queue, policy, data, priority, retry_limit, retry_delay, retry_backoff,
                          expire_seconds)
-    SELECT d.name, d.policy, u.data, u.priority, d.retry_limit, d.retry_delay, d.retry_backoff,
-           d.expire_seconds
+    SELECT d.name,
+           CASE d.policy WHEN 'short' THEN 'standard' WHEN 'stately' THEN 'singleton'
+                ELSE d.policy END,
+           u.data, u.priority, d.retry_limit, d.retry_delay, d.retry_backoff, d.expire_seconds
     FROM upd u
     JOIN {s}.queue q ON q.name = u.queue
     JOIN {s}.queue d ON d.name = q.dead_letter
     WHERE u.state = 'failed'
     ORDER BY u.id
-    ON CONFLICT DO NOTHING
     RETURNING id, queue
 ), note AS (
     SELECT pg_notify('{channel}', x.queue) FROM (
