@@ -82,7 +82,7 @@ async def install_queues(
         for job in jobs:
             o = job.options
             try:
-                await conn.execute(
+                before = await conn.fetchrow(
                     sql.upsert_queue,
                     job.queue,
                     o.policy,
@@ -99,6 +99,8 @@ async def install_queues(
                     f"invalid configuration: queue {job.queue!r} has dead letter "
                     f"{o.dead_letter!r}, which is not installed: declare it before {job.queue!r}"
                 ) from None
+            if before is not None and before["old_policy"] not in (None, o.policy):
+                await _apply_policy(conn, sql, job.queue, before["old_policy"], o.policy)
             if job.cron is not None:
                 touched = await conn.fetch(sql.upsert_schedule, job.queue, job.cron, cron_tz, None)
             else:
@@ -114,3 +116,23 @@ async def install_queues(
         await conn.execute(sql.install_done, package_version())
         if changed:
             await conn.execute("SELECT pg_notify($1, 'changed')", schedules_channel(schema))
+
+
+async def _apply_policy(
+    conn: asyncpg.Connection, sql: QueueStatements, queue: str, old: str, new: str
+) -> None:
+    """Move the waiting jobs of ``queue`` to its new policy, where no policy index can refuse.
+
+    ``kept`` in the log line counts the jobs left as they were: several wait for one key,
+    which the new policy (short, stately) would not allow; they run as they are.
+    """
+    row = await conn.fetchrow(sql.apply_policy, queue, new)
+    assert row is not None
+    log.info(
+        "install.policy_changed",
+        queue=queue,
+        old=old,
+        new=new,
+        moved=row["moved"],
+        kept=row["kept"],
+    )

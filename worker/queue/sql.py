@@ -344,6 +344,10 @@ SELECT LEAST(COALESCE(min(retention_seconds), 3600), COALESCE(min(failed_retenti
 
 UPSERT_QUEUE = """
 -- install: create or update a queue; no write at all when nothing changed (boots stay cheap).
+-- Returns the policy the queue had before (NULL for a new queue; no row when nothing changed),
+-- read by the CTE from the statement's snapshot, before the upsert; the install lock keeps
+-- another install from changing it in between.
+WITH before AS (SELECT policy FROM {s}.queue WHERE name = $1)
 INSERT INTO {s}.queue AS q (name, policy, retry_limit, retry_delay, retry_backoff,
                            expire_seconds, retention_seconds, failed_retention_seconds,
                            dead_letter)
@@ -360,6 +364,33 @@ WHERE (q.policy, q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
       (EXCLUDED.policy, EXCLUDED.retry_limit, EXCLUDED.retry_delay, EXCLUDED.retry_backoff,
        EXCLUDED.expire_seconds, EXCLUDED.retention_seconds, EXCLUDED.failed_retention_seconds,
        EXCLUDED.dead_letter)
+RETURNING (SELECT policy FROM before) AS old_policy
+"""
+
+APPLY_POLICY = """
+-- install: queue $1's policy changed to $2; the jobs waiting on it follow (a job carries its
+-- queue's policy so the policy indexes need no join; a job left on a stricter policy than its
+-- queue's makes the plain claim collide with job_policy_active). Waiting jobs (created, retry)
+-- only: they are locked by nothing but claims, which skip locked rows, so this UPDATE can wait
+-- on a claim but never deadlock with one; running jobs finish under the policy they started
+-- with (the fences and the one-per-key claim do not read it). Moving a waiting job is always
+-- safe, except into a policy that allows one queued job per key (short, stately) when its key
+-- has several jobs in created: those keep their policy and run (a send cannot be refused
+-- after the fact), counted in "kept". Reads the queue's waiting rows through job_fetch.
+WITH crowded AS (
+    SELECT COALESCE(singleton_key, '') AS k FROM {s}.job
+    WHERE queue = $1 AND state = 'created' AND $2 IN ('short', 'stately')
+    GROUP BY 1 HAVING count(*) > 1
+), candidates AS (
+    SELECT count(*) AS n FROM {s}.job WHERE queue = $1 AND state < 'active' AND policy <> $2
+), moved AS (
+    UPDATE {s}.job j SET policy = $2
+    WHERE j.queue = $1 AND j.state < 'active' AND j.policy <> $2
+      AND NOT (j.state = 'created' AND COALESCE(j.singleton_key, '') IN (SELECT k FROM crowded))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) AS moved,
+       (SELECT n FROM candidates) - (SELECT count(*) FROM moved) AS kept
 """
 
 DEAD_LETTER_CONFLICTS = """
@@ -464,6 +495,7 @@ class QueueStatements:
     prune_workers: str
     min_retention: str
     upsert_queue: str
+    apply_policy: str
     dead_letter_conflicts: str
     queue_exists: str
     upsert_schedule: str
