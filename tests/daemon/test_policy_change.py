@@ -13,6 +13,8 @@ from tests.daemon.test_work import count, wait_for
 from tests.support.ledger import create_ledger, done_counts
 from tests.support.processes import start_daemon
 from tests.support.queues import make_queue
+from worker.queue.heartbeat import Heartbeat
+from worker.queue.holdings import Holdings
 from worker.queue.sql import render
 from worker.queue.store import JobStore
 
@@ -32,9 +34,15 @@ async def test_singleton_to_standard_drains_every_waiting_job(db_url: str, tmp_p
             [{"n": n} for n in range(60)],
             singleton_keys=[f"k{n % 3}" for n in range(60)],
         )
-        # One job of key k0 runs elsewhere (a replica of the old deployment) all along.
-        old = JobStore(pool, render("jobs"), uuid.uuid4())
+        # One job of key k0 runs all along on a live replica of the old deployment (it beats,
+        # so it is never rescued).
+        owner, holdings = uuid.uuid4(), Holdings()
+        old = JobStore(pool, render("jobs"), owner)
         [running] = await old.claim("tool-policy", 1, one_per_key=True)
+        holdings.add(1)
+        beating = asyncio.create_task(
+            Heartbeat(pool, render("jobs"), owner, holdings, interval=1).run()
+        )
         daemon = start_daemon(
             db_url,
             tmp_path,
@@ -57,6 +65,7 @@ async def test_singleton_to_standard_drains_every_waiting_job(db_url: str, tmp_p
             assert daemon.process.poll() is None, daemon.logs()
             assert await old.complete([running]) == {running.id}
         finally:
+            beating.cancel()
             assert daemon.stop() == 0, daemon.logs()
     finally:
         await pool.close()
