@@ -280,20 +280,26 @@ async def test_an_invitation_committed_after_the_scan_keeps_the_user(
         assert await conn.fetchval("SELECT count(*) FROM public.invitations") == 1
 
 
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
 async def test_an_invitation_in_flight_during_the_recheck_keeps_the_user(
-    pool: asyncpg.Pool, db_url: str
+    pool: asyncpg.Pool, db_url: str, isolation: str
 ) -> None:
     """An invitation insert for a candidate's email that is open while the sweep re-checks makes
-    the sweep wait for it, then keep the user (no foreign key covers invitations)."""
+    the sweep wait for it, then keep the user (no foreign key covers invitations), even where
+    the database's default isolation would freeze the snapshot before the wait."""
     async with pool.acquire() as conn:
         user = await add_user(conn, email="pending@example.com")
+    sweeping = await asyncpg.create_pool(
+        db_url, min_size=1, max_size=4, server_settings={"default_transaction_isolation": isolation}
+    )
     writer = await asyncpg.connect(db_url)
     try:
         await writer.execute("BEGIN")
         await add_invitation(writer, "pending@example.com")
-        run = await sweep_while_held(pool, writer)
+        run = await sweep_while_held(sweeping, writer)
     finally:
         await writer.close()
+        await sweeping.close()
 
     assert (run.deleted, run.details["kept_on_recheck"]) == (0, 1)
     async with pool.acquire() as conn:

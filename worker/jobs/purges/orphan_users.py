@@ -112,7 +112,9 @@ async def delete_if_orphan(
     deleted user."""
     metadata = trail.after(email)
     try:
-        async with conn.transaction():
+        # READ COMMITTED whatever the database's default: each statement's snapshot is taken
+        # after the lock waits before it, which is what lets the re-check see their writers.
+        async with conn.transaction(isolation="read_committed"):
             await conn.execute(sql.USER_TRANSACTION_LIMITS, TABLE_LOCK_WAIT)
             await _lock_exclusion_tables(conn)
             await conn.execute(sql.USER_TRANSACTION_LIMITS, ROW_LOCK_WAIT)
