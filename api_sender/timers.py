@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from .errors import InvalidJob, QueueNotFound
-from .options import encode_data, split_start_after
+from .options import check_text, encode_data, split_start_after
 
 if TYPE_CHECKING:
     from .sender import Sender
@@ -36,10 +36,13 @@ class Timers:
         same transaction: however many replace one key at once, exactly one stays pending.
         """
         if (at is None) == (delay_seconds is None):
-            raise InvalidJob("give exactly one of at= and delay_seconds=")
-        delay, instant = split_start_after(at if at is not None else delay_seconds)
-        if key is not None and (not isinstance(key, str) or not key):
-            raise InvalidJob("key must be a non-empty string or None")
+            raise InvalidJob("give exactly one of at= and delay_seconds=", "at")
+        check_text("queue", queue, optional=False)
+        if at is not None:
+            delay, instant = split_start_after(at, "at")
+        else:
+            delay, instant = split_start_after(delay_seconds, "delay_seconds")
+        check_text("key", key)
         payload = encode_data(data)
         if connection is not None:
             return await self._replace(connection, queue, payload, key, instant, delay)
@@ -86,6 +89,8 @@ class Timers:
         self, queue: str, key: str, *, connection: asyncpg.Connection | None = None
     ) -> bool:
         """Cancel the pending timer ``key`` on ``queue``; ``False`` when none was pending."""
+        check_text("queue", queue, optional=False)
+        check_text("key", key, optional=False)
         executor = connection if connection is not None else self._sender.pool
         rows = await executor.fetch(self._sender.statements.cancel_timer, queue, key)
         return bool(rows)
