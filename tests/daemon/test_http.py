@@ -214,6 +214,19 @@ def test_a_chunk_announcing_2_to_the_80_bytes_is_answered(slow_api: tuple[Daemon
         assert answer.status is None or 400 <= answer.status < 500, answer
 
 
+def test_content_length_and_chunked_together_are_refused(slow_api: tuple[Daemon, str]) -> None:
+    """A request framed both ways (the request-smuggling shape) answers 400 naming it, and
+    nothing is enqueued."""
+    daemon, url = slow_api
+    before = _count(url)
+    body = b'{"data": {}}'
+    head = _job_head(len(body), **{"Transfer-Encoding": "chunked"})
+    answer = exchange(daemon.port, [head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"])
+    assert answer.status == 400, answer
+    assert "Transfer-Encoding" in answer.json()["error"]
+    assert _count(url) == before
+
+
 def test_slow_clients_do_not_stall_good_ones(slow_api: tuple[Daemon, str]) -> None:
     """With 40 slow connections open (silent, dribbling headers, stalled bodies), good requests
     are answered at once: each slow one ends in a 408 or a close."""

@@ -523,11 +523,16 @@ def test_application_json_with_utf8_charset_is_accepted(api: Daemon, content_typ
     assert response.status_code == 202, response.text
 
 
-def test_a_body_that_is_not_utf8_answers_400(api: Daemon) -> None:
-    """A body in another encoding (UTF-16 here) answers 400 naming the encoding."""
-    response = _json(api, "/v1/usage-events", _event_text().encode("utf-16"))
+def test_a_body_that_is_not_utf8_answers_400(api: Daemon, shared_db: str) -> None:
+    """A body in another encoding (UTF-16 here) answers 400 naming the encoding; a UTF-8 byte
+    order mark (not JSON) is refused too; nothing is enqueued."""
+    event_id = new_ulid()
+    text = _event_text(id=f'"{event_id}"')
+    response = _json(api, "/v1/usage-events", text.encode("utf-16"))
     assert response.status_code == 400
     assert "UTF-8" in response.json()["error"]
+    assert _json(api, "/v1/usage-events", b"\xef\xbb\xbf" + text.encode()).status_code == 400
+    assert _stored(shared_db, [event_id]) == []
 
 
 def test_errors_do_not_echo_huge_or_secret_input(api: Daemon) -> None:

@@ -1,11 +1,12 @@
-"""Reading a /v1 request body: its media type, size, time, encoding, nesting and keys.
+"""Reading a /v1 request body: its framing, media type, size, time, encoding, nesting, keys.
 
 Each refusal is an :class:`HttpError` naming the problem: 415 for anything but
 ``application/json`` in UTF-8, 413 above :data:`MAX_BODY_BYTES`, 408 when the body does not
-arrive in time, 400 for text that is not UTF-8, not JSON, nested past :data:`MAX_JSON_DEPTH`,
-or an object that repeats a key (JSON parsers disagree on which copy wins: refused, not
-guessed). NaN and Infinity literals are refused too; a number too large for a float (``1e400``)
-parses as infinity and is refused, naming its field, by the validation of what it fills.
+arrive in time, 400 for a request framed by both Content-Length and Transfer-Encoding, for
+text that is not UTF-8, not JSON, nested past :data:`MAX_JSON_DEPTH`, or with an object that
+repeats a key (JSON parsers disagree on which copy wins: refused, not guessed). NaN and
+Infinity literals are refused too; a number too large for a float (``1e400``) parses as
+infinity and is refused, naming its field, by the validation of what it fills.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ async def read_json(request: Request, *, timeout: float) -> Any:
     """
     check_media_type(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
+    if declared is not None and "transfer-encoding" in request.headers:
+        # RFC 9112 6.3: both framings at once is how requests are smuggled past a proxy.
+        raise HttpError(
+            400,
+            "both Transfer-Encoding and Content-Length: send one",
+            headers={"Connection": "close"},
+        )
     if declared is not None:
         if not declared.strip().isdigit():
             raise HttpError(400, "invalid Content-Length")
