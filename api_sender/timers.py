@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from .errors import InvalidJob, QueueNotFound
-from .options import encode_data, split_start_after
+from .options import check_text, encode_data, split_start_after
 
 if TYPE_CHECKING:
     from .sender import Sender
@@ -37,10 +37,13 @@ class Timers:
         once, exactly one stays pending, and a replaced timer never runs again.
         """
         if (at is None) == (delay_seconds is None):
-            raise InvalidJob("give exactly one of at= and delay_seconds=")
-        delay, instant = split_start_after(at if at is not None else delay_seconds)
-        if key is not None and (not isinstance(key, str) or not key):
-            raise InvalidJob("key must be a non-empty string or None")
+            raise InvalidJob("give exactly one of at= and delay_seconds=", "at")
+        check_text("queue", queue, optional=False)
+        if at is not None:
+            delay, instant = split_start_after(at, "at")
+        else:
+            delay, instant = split_start_after(delay_seconds, "delay_seconds")
+        check_text("key", key)
         payload = encode_data(data)
         if connection is not None:
             return await self._replace(connection, queue, payload, key, instant, delay)
@@ -91,6 +94,8 @@ class Timers:
         Pending means not finished: a timer that is running is cancelled too (its handler runs
         to its end, but it is never retried or run again), as a replace would.
         """
+        check_text("queue", queue, optional=False)
+        check_text("key", key, optional=False)
         executor = connection if connection is not None else self._sender.pool
         rows = await executor.fetch(self._sender.statements.cancel_timer, queue, key)
         return bool(rows)
