@@ -45,7 +45,13 @@ async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
     url = await database_url(settings)
     state = ServiceState(settings)
     stop = StopRequest()
-    server = HttpServer(create_app(state), settings.http_host, settings.http_port)
+    server = HttpServer(
+        create_app(state),
+        settings.http_host,
+        settings.http_port,
+        header_timeout=settings.http_header_timeout_seconds,
+        body_timeout=settings.http_body_timeout_seconds,
+    )
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_signals, stop)
         await tg.start(server.run)

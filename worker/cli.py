@@ -67,20 +67,29 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         command = _command(args)
         return anyio.run(command, settings, args, backend_options={"use_uvloop": True})
-    except (ConfigError, UsageError) as exc:
-        print(str(exc), file=sys.stderr)
-        return EXIT_CONFIG
     except KeyboardInterrupt:
         return EXIT_ERROR
-    except Exception as exc:
+    except Exception as raised:
         from .db.migrations import SchemaMismatch
 
-        if isinstance(exc, SchemaMismatch):
-            log.error("boot.schema_mismatch", error=str(exc))
-            print(f"error: {exc}", file=sys.stderr)
+        # A refusal raised inside the daemon's task groups (the install) arrives wrapped.
+        error = _sole(raised)
+        if isinstance(error, ConfigError | UsageError):
+            print(str(error), file=sys.stderr)
+            return EXIT_CONFIG
+        if isinstance(error, SchemaMismatch):
+            log.error("boot.schema_mismatch", error=str(error))
+            print(f"error: {error}", file=sys.stderr)
         else:
-            log.exception("boot.failed", error=f"{type(exc).__name__}: {exc}")
+            log.exception("boot.failed", error=f"{type(error).__name__}: {error}")
         return EXIT_ERROR
+
+
+def _sole(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]

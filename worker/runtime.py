@@ -57,7 +57,7 @@ class WorkerRuntime:
         self.availability = Availability()
         self.completer = Completer(self.store, self.holdings, self.availability)
         handler_pool = HandlerPool(pool, settings.database_pool_size - RESERVED_CONNECTIONS)
-        context = JobContext(settings=settings, pool=handler_pool, sender=sender)
+        context = JobContext(settings=settings, pool=handler_pool, sender=sender, session_url=url)
         self.pollers = [
             Poller(
                 job.make_consumer(context),
