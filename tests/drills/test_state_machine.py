@@ -44,6 +44,8 @@ EXPIRE = 30_000
 RETRY_DELAY = 5_000
 RETRY_LIMIT = 2
 PENDING = ("created", "retry")
+#: What a timer replace or cancel ends: a timer that has not finished, waiting or running.
+UNFINISHED = (*PENDING, "active")
 TERMINAL = ("completed", "cancelled", "failed")
 
 
@@ -177,22 +179,23 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(["a", "b"]), delay=st.sampled_from([0, 20_000]))
     def timer(self, key: str, delay: int) -> None:
-        """Schedule a keyed timer: the pending one with that key is cancelled."""
+        """Schedule a keyed timer: the unfinished one with that key (waiting or running) is
+        cancelled."""
         self._tick("timer")
         job_id = self.harness.run(
             self.sender.timers.schedule(self.queue, delay_seconds=delay, data={}, key=key)
         )
         for job in self.jobs.values():
-            if job.key == key and job.state in PENDING:
+            if job.key == key and job.state in UNFINISHED:
                 job.state = "cancelled"
         self.jobs[job_id] = Job(job_id, 0, due=self.clock + delay, due_step=self.step, key=key)
 
     @rule(key=st.sampled_from(["a", "b"]))
     def cancel(self, key: str) -> None:
-        """Cancel the pending timer of a key, if any."""
+        """Cancel the unfinished timer of a key (waiting or running), if any."""
         self._tick("cancel")
         cancelled = self.harness.run(self.sender.timers.cancel(self.queue, key))
-        pending = [j for j in self.jobs.values() if j.key == key and j.state in PENDING]
+        pending = [j for j in self.jobs.values() if j.key == key and j.state in UNFINISHED]
         assert cancelled == bool(pending)
         for job in pending:
             job.state = "cancelled"
