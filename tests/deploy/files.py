@@ -29,6 +29,7 @@ ROLES_SQL = CONFIG / "roles.sql"
 
 #: Environment variables the image may set that are not the daemon's.
 NON_SETTINGS_ENV = {
+    "PATH",
     "PYTHONDONTWRITEBYTECODE",
     "PYTHONUNBUFFERED",
     "PIP_NO_CACHE_DIR",
