@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -63,27 +63,18 @@ class Docker:
     def run(
         self,
         *args: str,
+        program: str | None = None,
         check: bool = True,
         timeout: float = 120,
         input: str | None = None,
         stdin: IO[Any] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``docker ARGS``; unless ``check`` is false, fail the test when it fails."""
-        return self.command([self.binary, *args], check, timeout, input, stdin, env)
-
-    def command(
-        self,
-        argv: Sequence[str],
-        check: bool = True,
-        timeout: float = 120,
-        input: str | None = None,
-        stdin: IO[Any] | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` with this client first on PATH."""
+        """Run ``docker ARGS`` (or ``program ARGS``) with this client first on PATH; unless
+        ``check`` is false, fail the test when it fails."""
+        argv = [program or self.binary, *args]
         done = subprocess.run(
-            list(argv),
+            argv,
             env={**self.env, **(env or {})},
             input=input,
             stdin=stdin,
@@ -130,11 +121,13 @@ class Compose:
         self, *args: str, check: bool = True, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:
         """Run ``docker-compose ARGS`` on the project; unless ``check``, fail when it fails."""
-        argv = [self.binary, "--ansi", "never", "--project-name", self.project]
+        argv = ["--ansi", "never", "--project-name", self.project]
         for file in self.files:
             argv += ["--file", str(file)]
         argv += ["--project-directory", str(self.files[0].parent), *self.options, *args]
-        return self.docker.command(argv, check, timeout, env=self.env)
+        return self.docker.run(
+            *argv, program=self.binary, check=check, timeout=timeout, env=self.env
+        )
 
     def containers(self, service: str, *, running: bool = True) -> list[str]:
         """The ids of the service's containers, oldest first (only running ones by default)."""
