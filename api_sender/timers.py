@@ -32,8 +32,9 @@ class Timers:
     ) -> int:
         """Schedule a timer at ``at`` (or after ``delay_seconds``) and return its job id.
 
-        With ``key``, the pending timer with that key on that queue (if any) is cancelled in the
-        same transaction: however many replace one key at once, exactly one stays pending.
+        With ``key``, the timer with that key on that queue that has not finished (waiting, or
+        running right now) is cancelled in the same transaction: however many replace one key at
+        once, exactly one stays pending, and a replaced timer never runs again.
         """
         if (at is None) == (delay_seconds is None):
             raise InvalidJob("give exactly one of at= and delay_seconds=", "at")
@@ -88,7 +89,11 @@ class Timers:
     async def cancel(
         self, queue: str, key: str, *, connection: asyncpg.Connection | None = None
     ) -> bool:
-        """Cancel the pending timer ``key`` on ``queue``; ``False`` when none was pending."""
+        """Cancel the timer ``key`` on ``queue``; ``False`` when none was pending.
+
+        Pending means not finished: a timer that is running is cancelled too (its handler runs
+        to its end, but it is never retried or run again), as a replace would.
+        """
         check_text("queue", queue, optional=False)
         check_text("key", key, optional=False)
         executor = connection if connection is not None else self._sender.pool

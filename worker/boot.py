@@ -51,7 +51,13 @@ async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
     """
     state = ServiceState(settings)
     stop = StopRequest()
-    server = HttpServer(create_app(state), settings.http_host, settings.http_port)
+    server = HttpServer(
+        create_app(state),
+        settings.http_host,
+        settings.http_port,
+        header_timeout=settings.http_header_timeout_seconds,
+        body_timeout=settings.http_body_timeout_seconds,
+    )
     jobs = installed_jobs(settings, tools) if settings.is_worker else []
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_signals, stop)

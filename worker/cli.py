@@ -83,6 +83,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         return EXIT_ERROR
     except Exception as raised:
+        # A refusal raised inside the daemon's task groups (the install) arrives wrapped.
         return _report(innermost(raised), settings, args.command)
 
 

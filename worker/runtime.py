@@ -53,7 +53,7 @@ class WorkerRuntime:
         self.holdings = Holdings()
         self.completer = Completer(self.store, self.holdings)
         handler_pool = HandlerPool(pool, settings.database_pool_size - RESERVED_CONNECTIONS)
-        context = JobContext(settings=settings, pool=handler_pool, sender=sender)
+        context = JobContext(settings=settings, pool=handler_pool, sender=sender, session_url=url)
         self.pollers = [
             Poller(job.make_consumer(context), self.store, self.completer, self.holdings)
             for job in jobs

@@ -141,6 +141,20 @@ class Settings(BaseSettings):
         description="how long an install waits for another replica's install",
     )
     embedded_data_dir: str = Field("./.data/postgres", description="embedded PostgreSQL data")
+    http_header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="time a client has to send request line and headers; then 408",
+    )
+    http_body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="time a client has to send a whole /v1 request body; then 408",
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
 
 from tests.support.postgres import with_database
-from tests.support.processes import free_port, run_cli
+from tests.support.processes import free_port, run_cli, split_stderr
 
 #: Every operator command, with arguments that would work on an installed database.
 COMMANDS = {
@@ -77,22 +75,6 @@ def _faults(admin_url: str, db_url: str, empty_db_url: str, role: str) -> dict[s
     }
 
 
-def _split_stderr(stderr: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The JSON log records on stderr, and every other line."""
-    records: list[dict[str, Any]] = []
-    lines: list[str] = []
-    for line in stderr.strip().splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            value = None
-        if isinstance(value, dict) and "event" in value:
-            records.append(value)
-        else:
-            lines.append(line)
-    return records, lines
-
-
 def _run(url: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_cli(url, *argv, cwd=cwd, timeout=60)
 
@@ -120,7 +102,7 @@ async def test_each_fault_is_one_line_on_stderr(
     for (name, fault), result in zip(faults.items(), results, strict=True):
         # stderr also carries the command's log lines (migrate logs install.started): the
         # report is the one line that is not a log record, and no record holds a traceback.
-        records, lines = _split_stderr(result.stderr)
+        records, lines = split_stderr(result.stderr)
         ok = (
             result.returncode == fault.code
             and len(lines) == 1
@@ -144,7 +126,7 @@ async def test_migrate_waits_for_an_unreachable_database_then_gives_up(tmp_path:
     result = await asyncio.to_thread(_run, url, ["migrate", "--wait", "2"], tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout == ""
-    records, lines = _split_stderr(result.stderr)
+    records, lines = split_stderr(result.stderr)
     assert any(record["event"] == "db.connect_retry" for record in records), result.stderr
     assert len(lines) == 1, result.stderr
     assert f"127.0.0.1:{port}" in lines[0]

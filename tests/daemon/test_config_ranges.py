@@ -36,6 +36,8 @@ BAD_VALUES = [
     ("SHUTDOWN_GRACE_SECONDS", "inf"),
     ("SHUTDOWN_GRACE_SECONDS", "1e12"),
     ("INSTALL_LOCK_TIMEOUT_SECONDS", "1e308"),
+    ("HTTP_HEADER_TIMEOUT_SECONDS", "inf"),
+    ("HTTP_BODY_TIMEOUT_SECONDS", "nan"),
     # A hub request longer than the usage job's lease would be rescued while still posting.
     ("HUB_TIMEOUT_SECONDS", "inf"),
     ("HUB_TIMEOUT_SECONDS", "3600"),

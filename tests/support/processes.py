@@ -194,6 +194,20 @@ def run_cli(
     )
 
 
+def split_stderr(stderr: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """A CLI command's stderr as (its JSON log records, every other line): every command but
+    run logs to stderr, so a one-line report is the one line that is not a log record."""
+    records: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for line in stderr.strip().splitlines():
+        value = _decode(line)
+        if isinstance(value, dict) and "event" in value:
+            records.append(value)
+        else:
+            lines.append(line)
+    return records, lines
+
+
 def _decode(body: str) -> Any:
     try:
         return json.loads(body)

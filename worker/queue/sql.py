@@ -166,6 +166,11 @@ FAIL = """
 -- retry_delay (times 2^retry_count with backoff) in state retry; at the limit it is failed and a
 -- copy of its data goes to its queue's dead letter (read now, so a dead letter added later still
 -- covers older jobs). Queues with newly due work are notified.
+-- Every exhausted job gets its copy: the copy has no key and is not a timer, so only the
+-- queued-per-key index job_policy_queued could refuse it, and only under a short or stately
+-- policy. The install refuses such a dead letter; should one exist anyway (set outside the
+-- install), its copies take the policy minus that limit (short -> standard, stately ->
+-- singleton). No ON CONFLICT clause: a copy is never dropped silently.
 WITH f AS (
     SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[])
         AS f(id, attempt, owner, error)
@@ -186,14 +191,15 @@ WITH f AS (
 ), dead AS (
     INSERT INTO {s}.job (queue, policy, data, priority, retry_limit, retry_delay, retry_backoff,
                          expire_seconds)
-    SELECT d.name, d.policy, u.data, u.priority, d.retry_limit, d.retry_delay, d.retry_backoff,
-           d.expire_seconds
+    SELECT d.name,
+           CASE d.policy WHEN 'short' THEN 'standard' WHEN 'stately' THEN 'singleton'
+                ELSE d.policy END,
+           u.data, u.priority, d.retry_limit, d.retry_delay, d.retry_backoff, d.expire_seconds
     FROM upd u
     JOIN {s}.queue q ON q.name = u.queue
     JOIN {s}.queue d ON d.name = q.dead_letter
     WHERE u.state = 'failed'
     ORDER BY u.id
-    ON CONFLICT DO NOTHING
     RETURNING id, queue
 ), note AS (
     SELECT pg_notify('{channel}', x.queue) FROM (
@@ -338,6 +344,10 @@ SELECT LEAST(COALESCE(min(retention_seconds), 3600), COALESCE(min(failed_retenti
 
 UPSERT_QUEUE = """
 -- install: create or update a queue; no write at all when nothing changed (boots stay cheap).
+-- Returns the policy the queue had before (NULL for a new queue; no row when nothing changed),
+-- read by the CTE from the statement's snapshot, before the upsert; the install lock keeps
+-- another install from changing it in between.
+WITH before AS (SELECT policy FROM {s}.queue WHERE name = $1)
 INSERT INTO {s}.queue AS q (name, policy, retry_limit, retry_delay, retry_backoff,
                            expire_seconds, retention_seconds, failed_retention_seconds,
                            dead_letter)
@@ -354,6 +364,46 @@ WHERE (q.policy, q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
       (EXCLUDED.policy, EXCLUDED.retry_limit, EXCLUDED.retry_delay, EXCLUDED.retry_backoff,
        EXCLUDED.expire_seconds, EXCLUDED.retention_seconds, EXCLUDED.failed_retention_seconds,
        EXCLUDED.dead_letter)
+RETURNING (SELECT policy FROM before) AS old_policy
+"""
+
+APPLY_POLICY = """
+-- install: queue $1's policy changed to $2; the jobs waiting on it follow (a job carries its
+-- queue's policy so the policy indexes need no join; a job left on a stricter policy than its
+-- queue's makes the plain claim collide with job_policy_active). Waiting jobs (created, retry)
+-- only: they are locked by nothing but claims, which skip locked rows, so this UPDATE can wait
+-- on a claim but never deadlock with one; running jobs finish under the policy they started
+-- with (the fences and the one-per-key claim do not read it). Moving a waiting job is always
+-- safe, except into a policy that allows one queued job per key (short, stately) when its key
+-- has several jobs in created: those keep their policy and run (a send cannot be refused
+-- after the fact), counted in "kept". Reads the queue's waiting rows through job_fetch.
+WITH crowded AS (
+    SELECT COALESCE(singleton_key, '') AS k FROM {s}.job
+    WHERE queue = $1 AND state = 'created' AND $2 IN ('short', 'stately')
+    GROUP BY 1 HAVING count(*) > 1
+), candidates AS (
+    SELECT count(*) AS n FROM {s}.job WHERE queue = $1 AND state < 'active' AND policy <> $2
+), moved AS (
+    UPDATE {s}.job j SET policy = $2
+    WHERE j.queue = $1 AND j.state < 'active' AND j.policy <> $2
+      AND NOT (j.state = 'created' AND COALESCE(j.singleton_key, '') IN (SELECT k FROM crowded))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) AS moved,
+       (SELECT n FROM candidates) - (SELECT count(*) FROM moved) AS kept
+"""
+
+DEAD_LETTER_CONFLICTS = """
+-- install: queues among $1, or queues naming one of $1 as dead letter, whose dead letter allows
+-- one queued job per key (short, stately). A dead-letter copy has no key, so such a dead letter
+-- would keep one copy and refuse the rest: the install refuses the pair instead. Run in the
+-- install's transaction after its upserts, under the install lock, so a dead letter declared by
+-- another deployment, or changed by one, is seen as it will be committed.
+SELECT q.name, q.dead_letter, d.policy
+FROM {s}.queue q JOIN {s}.queue d ON d.name = q.dead_letter
+WHERE d.policy IN ('short', 'stately')
+  AND (q.name = ANY($1::text[]) OR d.name = ANY($1::text[]))
+ORDER BY q.name
 """
 
 QUEUE_EXISTS = "SELECT EXISTS (SELECT 1 FROM {s}.queue WHERE name = $1)"
@@ -445,6 +495,8 @@ class QueueStatements:
     prune_workers: str
     min_retention: str
     upsert_queue: str
+    apply_policy: str
+    dead_letter_conflicts: str
     queue_exists: str
     upsert_schedule: str
     delete_schedule: str

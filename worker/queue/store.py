@@ -35,6 +35,10 @@ class JobStore:
         try:
             rows = await self.pool.fetch(statement, queue, limit, self.owner)
         except asyncpg.UniqueViolationError:
+            if not one_per_key:
+                # Jobs still carrying a one-per-key policy on a queue that no longer has it
+                # (sent while a policy change was installed): claim one per key, not none.
+                return await self.claim(queue, limit, one_per_key=True)
             # Another replica claimed a job of the same key at the same instant: the policy
             # index refused ours. Nothing was claimed; the next round sees the active job.
             return []
@@ -50,14 +54,20 @@ class JobStore:
         """
         if not done:
             return await self.claim(queue, limit), set()
-        rows = await self.pool.fetch(
-            self.sql.complete_and_claim,
-            queue,
-            limit,
-            self.owner,
-            [j.id for j in done],
-            [j.attempt for j in done],
-        )
+        try:
+            rows = await self.pool.fetch(
+                self.sql.complete_and_claim,
+                queue,
+                limit,
+                self.owner,
+                [j.id for j in done],
+                [j.attempt for j in done],
+            )
+        except asyncpg.UniqueViolationError:
+            # The claim half met a policy index (as in claim): nothing was written. Write the
+            # completions alone, then claim one per key, as claim does after such a refusal.
+            lost = await self.complete_lost(done)
+            return await self.claim(queue, limit, one_per_key=True), lost
         lost = set(rows[0]["lost"])
         jobs = [ClaimedJob.from_row(queue, row) for row in rows if row["id"] is not None]
         return _ordered(jobs), lost
