@@ -108,14 +108,17 @@ async def check_pool_fits(pool: asyncpg.Pool, size: int, listener: bool) -> None
     """Raise :class:`ConfigError` naming DATABASE_POOL_SIZE when the server can never give this
     process its pool (plus the worker's dedicated LISTEN connection)."""
     row = await pool.fetchrow(CONNECTION_LIMITS)
-    if row is None or row["superuser"]:
+    if row is None:
         return
     needed = size + (1 if listener else 0)
-    limits = {"the server's max_connections": row["max_connections"] - row["reserved"]}
-    if row["role_limit"] >= 0:
-        limits["the role's CONNECTION LIMIT"] = row["role_limit"]
-    if row["database_limit"] >= 0:
-        limits["the database's CONNECTION LIMIT"] = row["database_limit"]
+    if row["superuser"]:
+        limits = {"the server's max_connections": row["max_connections"]}
+    else:
+        limits = {"the server's max_connections": row["max_connections"] - row["reserved"]}
+        if row["role_limit"] >= 0:
+            limits["the role's CONNECTION LIMIT"] = row["role_limit"]
+        if row["database_limit"] >= 0:
+            limits["the database's CONNECTION LIMIT"] = row["database_limit"]
     which, allowed = min(limits.items(), key=lambda item: item[1])
     if needed > allowed:
         extra = " plus the listener's connection" if listener else ""
