@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 import asyncpg
 import structlog
 
-from api_sender._schema import check_schema_name
+from api_sender._schema import schedules_channel as schedules_channel  # re-exported
 
 from .db.connections import connect_with_retry
 from .db.locks import INSTALL, session_lock
@@ -23,14 +23,6 @@ from .queue.sql import QueueStatements, render
 from .settings import ConfigError
 
 log = structlog.get_logger("worker.install")
-
-#: Channel an install notifies when schedules changed, so running schedulers re-read them.
-SCHEDULES_CHANNEL_PREFIX = "chassis_schedules_"
-
-
-def schedules_channel(schema: str) -> str:
-    """The NOTIFY channel announcing schedule changes in ``schema``."""
-    return SCHEDULES_CHANNEL_PREFIX + check_schema_name(schema)
 
 
 def package_version() -> str:
@@ -48,10 +40,18 @@ async def install(
     *,
     cron_tz: str,
     lock_timeout: float,
+    connect_deadline: float | None = None,
 ) -> None:
-    """Migrate and install every queue and schedule; safe from any number of processes."""
+    """Migrate and install every queue and schedule; safe from any number of processes.
+
+    An unreachable database is retried until ``connect_deadline`` (monotonic; ``None``: for
+    as long as it takes, the daemon's way).
+    """
     conn = await connect_with_retry(
-        url, what="install", server_settings={"application_name": "chassis-worker install"}
+        url,
+        what="install",
+        deadline=connect_deadline,
+        server_settings={"application_name": "chassis-worker install"},
     )
     try:
         async with session_lock(conn, INSTALL, schema, timeout=lock_timeout):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from tests.support.processes import run_cli
+from tests.support.processes import run_cli, split_stderr
 from tests.support.queues import make_queue
 
 CHASSIS_QUEUES = [
@@ -28,10 +28,11 @@ async def schema_absent(url: str) -> bool:
 
 
 def refused(url: str, command: str, env: dict[str, str], cwd) -> str:
-    """Run ``command`` and return its one stderr line, asserting exit 2 and no traceback."""
+    """Run ``command`` and return its one stderr line (besides migrate's log records, which go
+    to stderr too), asserting exit 2 and no traceback."""
     result = run_cli(url, command, env={"HTTP_PORT": "0", **env}, cwd=cwd, timeout=30)
     assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
+    _, lines = split_stderr(result.stderr)
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
     return lines[0]
