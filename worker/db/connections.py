@@ -34,6 +34,17 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+#: What the worker's own loops (listener and probe, pollers, completer, heartbeat, maintenance,
+#: cron) retry with backoff instead of exiting: an unreachable database, and a statement the
+#: server gave up on that a retry may pass: cancelled by statement_timeout (or an operator), a
+#: deadlock or serialization failure (class 40). Not for HTTP answers: there only
+#: TRANSIENT_ERRORS mean "database unreachable".
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
+    *TRANSIENT_ERRORS,
+    asyncpg.QueryCanceledError,
+    asyncpg.TransactionRollbackError,
+)
+
 
 def backoff_delay(attempt: int, *, base: float = 0.2, cap: float = 5.0) -> float:
     """Full-jitter exponential backoff: a random delay up to ``base * 2**attempt``, capped."""

@@ -26,7 +26,8 @@ import asyncpg
 import structlog
 from croniter import croniter
 
-from ..db.connections import TRANSIENT_ERRORS, backoff_delay
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
+from .availability import Availability
 from .sql import QueueStatements
 
 log = structlog.get_logger("worker.cron")
@@ -93,7 +94,15 @@ class _Row:
 class CronScheduler:
     """Fires the schedules of this process's queues at their ticks."""
 
-    def __init__(self, pool: asyncpg.Pool, sql: QueueStatements, queues: list[str]) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        sql: QueueStatements,
+        queues: list[str],
+        *,
+        availability: Availability | None = None,
+    ) -> None:
+        self._availability = availability or Availability()
         self._pool = pool
         self._sql = sql
         self._queues = queues
@@ -111,7 +120,11 @@ class CronScheduler:
             try:
                 sleep = await self.tick()
                 attempt = 0
-            except TRANSIENT_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
+                # A tick whose statement failed is simply looked at again: the slot's
+                # compare-and-set makes a retry fire it at most once.
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    self._availability.lost()
                 sleep = backoff_delay(attempt)
                 attempt += 1
                 log.warning(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from api_sender._schema import notify_channel, quoted
 
 _JOB_COLUMNS = """j.id, j.data::text AS data, j.attempt, j.retry_count, j.retry_limit,
-    j.singleton_key, j.expire_seconds, j.priority, j.start_after"""
+    j.singleton_key, j.expire_seconds, j.priority, j.start_after, j.started_at"""
 
 
 def _claim_next(queue: str, limit: str) -> str:
@@ -40,14 +40,15 @@ def _claim_update(candidates: str, owner: str, *, lazy_commit: bool = False) -> 
     )
 
 
-def _complete_update(ids: str, attempts: str, owner: str) -> str:
-    """The fenced completion UPDATE of jobs ``ids``/``attempts`` held by ``owner``."""
+def _complete_update(ids: str, attempts: str, claims: str, owner: str) -> str:
+    """The fenced completion UPDATE of jobs ``ids``/``attempts``/``claims`` held by ``owner``."""
     return (
         "UPDATE {s}.job j\n"
         "SET state = 'completed', completed_at = now()\n"
-        f"FROM unnest({ids}::bigint[], {attempts}::int[]) AS d(id, attempt)\n"
+        f"FROM unnest({ids}::bigint[], {attempts}::int[], {claims}::timestamptz[])"
+        " AS d(id, attempt, started_at)\n"
         f"WHERE j.id = ANY({ids}::bigint[]) AND j.id = d.id AND j.attempt = d.attempt\n"
-        f"  AND j.locked_by = {owner} AND j.state = 'active'\n"
+        f"  AND j.started_at = d.started_at AND j.locked_by = {owner} AND j.state = 'active'\n"
         "RETURNING j.id"
     )
 
@@ -56,17 +57,19 @@ CLAIM = (
     """
 -- claim: up to $2 due jobs of queue $1 in priority, then due-time, order (index job_fetch).
 -- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
--- that kills its worker every time still runs out of attempts; owner and attempt fence every
--- later write. The locked ids are updated through "id = ANY(ARRAY(...))", which always reads
--- job_pkey: a join with the CTE may be planned as a hash join over a sequential scan of the
--- whole table (seen at batch 200 with 20,000 rows: 12 ms instead of 1).
+-- that kills its worker every time still runs out of attempts; owner, attempt and the claim's
+-- started_at (returned, carried by the worker) fence every later write. The locked ids are
+-- updated through "id = ANY(ARRAY(...))", which always reads job_pkey: a join with the CTE may
+-- be planned as a hash join over a sequential scan of the whole table (seen at batch 200 with
+-- 20,000 rows: 12 ms instead of 1).
 -- The claim commits without waiting for the disk (synchronous_commit off for this statement
 -- alone): the handler starts one WAL flush sooner. Only a crash of the server can lose such a
 -- commit, and a lost claim is harmless under at-least-once: the job is waiting again with its
--- old attempt and runs again; the handler's outcome matches no row (fenced, logged as lease
--- lost), unless this same worker has meanwhile claimed the job again under the same attempt
--- number, which that outcome then settles (the job did run to its end once). Outcomes always
--- wait for the disk; so does a claim carrying them.
+-- old attempt and runs again. The handler's outcome matches no row (fenced, logged as lease
+-- lost), even when this same worker has meanwhile claimed the job again under the same attempt
+-- number: that second claim has its own started_at (now() of a later transaction), and every
+-- outcome matches started_at too. Outcomes always wait for the disk; so does a claim carrying
+-- them.
 WITH next AS (
     """
     + _claim_next("$1", "$2")
@@ -112,12 +115,13 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
 
 COMPLETE = (
     """
--- complete: a batch in one statement, fenced on owner and attempt. A job rescued from this
--- worker (or expired) no longer matches and is left alone; its id is missing from the result.
+-- complete: a batch in one statement, fenced on owner, attempt and claim instant ($4 started_at).
+-- A job rescued from this worker (or expired), or claimed again after its claim was lost, no
+-- longer matches and is left alone; its id is missing from the result.
 -- The rows are found by primary key (id = ANY), never through job_active: that index holds
 -- every active job of this owner, and a nested loop over it grows with the square of the batch.
 """
-    + _complete_update("$1", "$2", "$3")
+    + _complete_update("$1", "$2", "$4", "$3")
     + "\n"
 )
 
@@ -127,7 +131,7 @@ COMPLETE_LOST = (
 -- the answer is one empty array however large the batch.
 WITH done AS (
 """
-    + _complete_update("$1", "$2", "$3")
+    + _complete_update("$1", "$2", "$4", "$3")
     + """
 )
 SELECT ARRAY(SELECT unnest($1::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
@@ -136,15 +140,15 @@ SELECT ARRAY(SELECT unnest($1::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
 
 COMPLETE_AND_CLAIM = (
     """
--- complete, then claim: the outcomes of the previous batch ($4 ids, $5 attempts, fenced on owner
--- $3 and attempt exactly as in complete) and the next batch of queue $1 (exactly as in claim) in
--- one statement, one round trip and one commit. The two touch disjoint rows (active vs waiting),
--- and a job is completed only if this statement commits, as with complete alone. Every row
--- carries the same "lost" array: the completed ids that did not match (usually empty). With no
--- job claimed, one row comes back whose job columns are NULL.
+-- complete, then claim: the outcomes of the previous batch ($4 ids, $5 attempts, $6 claim
+-- instants, fenced on owner $3 exactly as in complete) and the next batch of queue $1 (exactly
+-- as in claim) in one statement, one round trip and one commit. The two touch disjoint rows
+-- (active vs waiting), and a job is completed only if this statement commits, as with complete
+-- alone. Every row carries the same "lost" array: the completed ids that did not match (usually
+-- empty). With no job claimed, one row comes back whose job columns are NULL.
 WITH done AS (
 """
-    + _complete_update("$4", "$5", "$3")
+    + _complete_update("$4", "$5", "$6", "$3")
     + """
 ), next AS (
     """
@@ -171,9 +175,10 @@ FAIL = """
 -- policy. The install refuses such a dead letter; should one exist anyway (set outside the
 -- install), its copies take the policy minus that limit (short -> standard, stately ->
 -- singleton). No ON CONFLICT clause: a copy is never dropped silently.
+-- The claim instant ($5, started_at) fences too: a claim lost and taken again is not failed.
 WITH f AS (
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[])
-        AS f(id, attempt, owner, error)
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::timestamptz[])
+        AS f(id, attempt, owner, error, started_at)
 ), upd AS (
     UPDATE {s}.job j
     SET state = CASE WHEN j.retry_count < j.retry_limit
@@ -187,6 +192,7 @@ WITH f AS (
         output = jsonb_build_object('error', f.error, 'attempt', f.attempt)
     FROM f
     WHERE j.id = f.id AND j.attempt = f.attempt AND j.locked_by = f.owner AND j.state = 'active'
+      AND j.started_at = f.started_at
     RETURNING j.id, j.queue, j.state, j.data, j.priority, j.start_after
 ), dead AS (
     INSERT INTO {s}.job (queue, policy, data, priority, retry_limit, retry_delay, retry_backoff,
@@ -216,11 +222,13 @@ FROM upd u
 HAND_BACK = """
 -- hand back: jobs this worker claimed but will not run (shutdown, grace exceeded) are due again
 -- at once, in state retry so no queue policy can refuse them, without counting a failure.
+-- Fenced as complete is (owner $3, attempt, claim instant $4).
 WITH back AS (
     UPDATE {s}.job j
     SET state = 'retry', start_after = now(), started_at = NULL, locked_by = NULL
-    FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
+    FROM unnest($1::bigint[], $2::int[], $4::timestamptz[]) AS d(id, attempt, started_at)
     WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = $3 AND j.state = 'active'
+      AND j.started_at = d.started_at
     RETURNING j.id, j.queue
 ), note AS (
     SELECT pg_notify('{channel}', queue) FROM (SELECT DISTINCT queue FROM back) x
@@ -294,9 +302,10 @@ SELECT
 
 RESCUE_CANDIDATES = """
 -- rescue: active jobs whose worker has been silent for $1 seconds (dead, frozen or gone), and
--- active jobs past their expiry. The caller fails each as an attempt, fenced on owner and
--- attempt, so a worker that completes one meanwhile wins.
-SELECT j.id, j.attempt, j.locked_by,
+-- active jobs past their expiry. The caller fails each as an attempt, fenced on owner, attempt
+-- and claim instant, so a worker that completes one meanwhile wins, and a claim taken again
+-- after this one was lost is not failed in its stead.
+SELECT j.id, j.attempt, j.locked_by, j.started_at,
        CASE WHEN j.started_at < now() - make_interval(secs => j.expire_seconds)
             THEN 'expired' ELSE 'worker lost' END AS reason,
        j.queue
