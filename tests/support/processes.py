@@ -48,11 +48,13 @@ def free_port() -> int:
             return port
 
 
-def base_env(database_url: str, **extra: str) -> dict[str, str]:
-    """The environment of a daemon process under test (no inherited DATABASE_URL)."""
+def base_env(database_url: str | None, **extra: str) -> dict[str, str]:
+    """The environment of a daemon process under test (no inherited DATABASE_URL; ``None``
+    leaves it unset, for the embedded server)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "SERVICE_"))}
     env.update(FAST_TIMINGS)
-    env["DATABASE_URL"] = database_url
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
@@ -149,7 +151,7 @@ class Daemon:
 
 
 def start_daemon(
-    database_url: str,
+    database_url: str | None,
     log_dir: Path,
     *,
     role: str = "worker",
@@ -174,7 +176,7 @@ def start_daemon(
 
 
 def run_cli(
-    database_url: str,
+    database_url: str | None,
     *args: str,
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
@@ -190,6 +192,20 @@ def run_cli(
         cwd=cwd,
         check=False,
     )
+
+
+def split_stderr(stderr: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """A CLI command's stderr as (its JSON log records, every other line): every command but
+    run logs to stderr, so a one-line report is the one line that is not a log record."""
+    records: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for line in stderr.strip().splitlines():
+        value = _decode(line)
+        if isinstance(value, dict) and "event" in value:
+            records.append(value)
+        else:
+            lines.append(line)
+    return records, lines
 
 
 def _decode(body: str) -> Any:

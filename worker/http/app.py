@@ -13,6 +13,7 @@ from .admin.api import admin_api_routes
 from .admin.auth import Tokens
 from .admin.console import console_routes
 from .admin.gate import AdminGate
+from .guard import ClientGone
 from .health import health_routes
 from .ingest import ingest_routes
 
@@ -28,14 +29,20 @@ def create_app(state: ServiceState) -> Starlette:
             Mount(
                 "/v1/admin",
                 routes=admin_api_routes(state),
-                middleware=[Middleware(AdminGate, tokens=tokens, scheme="bearer")],
+                middleware=[
+                    Middleware(ClientGone),
+                    Middleware(AdminGate, tokens=tokens, scheme="bearer"),
+                ],
             )
         )
         routes.append(
             Mount(
                 "/console",
                 routes=console_routes(state),
-                middleware=[Middleware(AdminGate, tokens=tokens, scheme="basic")],
+                middleware=[
+                    Middleware(ClientGone),
+                    Middleware(AdminGate, tokens=tokens, scheme="basic"),
+                ],
             )
         )
         routes.extend(ingest_routes(state))

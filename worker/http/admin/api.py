@@ -26,7 +26,8 @@ from api_sender.events import parse_timestamp
 from api_sender.jobs import ACTION_STATES, Action, parse_cursor
 
 from ...state import ServiceState
-from ..guard import HttpError, in_database, read_json
+from ..body import read_json
+from ..guard import HttpError, in_database
 from .views import queues_document
 
 log = structlog.get_logger("worker.admin")
@@ -41,6 +42,7 @@ _FILTER_KEYS = {"queue", "state", "since", "until"}
 def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
     """The routes mounted under /v1/admin (behind :class:`~.gate.AdminGate`)."""
     show_data = state.settings.admin_show_data
+    body_timeout = state.settings.http_body_timeout_seconds
 
     async def queues(_: Request) -> Response:
         async def read(sender: Sender) -> list[dict[str, Any]]:
@@ -93,7 +95,7 @@ def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
             return HttpError(404, f"unknown job action {action!r}").response()
         actor = Actor("api", request.state.principal)
         try:
-            body = await read_json(request)
+            body = await read_json(request, timeout=body_timeout)
             target = _job_target(body)
         except HttpError as exc:
             return exc.response()

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+import anyio
 import structlog
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
@@ -244,7 +245,7 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
         if not csrf.same_origin(request):
             log.warning("console.origin_refused", origin=request.headers.get("origin"))
             return failure(request, 403, "Refused", "this form was not sent from the console")
-        form = await _read_form(request)
+        form = await _read_form(request, settings.http_body_timeout_seconds)
         if form is None:
             return failure(request, 400, "Refused", "not a console form")
         if not csrf.valid(form.get("csrf", "")):
@@ -284,16 +285,21 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
     ]
 
 
-async def _read_form(request: Request) -> dict[str, str] | None:
-    """A small urlencoded form body (last value per field), or None for anything else."""
+async def _read_form(request: Request, timeout: float) -> dict[str, str] | None:
+    """A small urlencoded form body (last value per field) read within ``timeout`` seconds,
+    or None for anything else."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         return None
     body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > MAX_FORM_BYTES:
-            return None
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                body.extend(chunk)
+                if len(body) > MAX_FORM_BYTES:
+                    return None
+    except TimeoutError:
+        return None
     try:
         parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50)
     except (UnicodeDecodeError, ValueError):
