@@ -256,3 +256,37 @@ async def test_bad_arguments_are_refused_before_the_database(sender: Sender, cal
     """Invalid ids, states, limits, cursors and naive datetimes raise InvalidArgument."""
     with pytest.raises(InvalidArgument):
         await call(sender.jobs)
+
+
+async def test_a_late_outcome_of_a_cancelled_job_is_logged_as_cancel_fenced(
+    pool: asyncpg.Pool, sender: Sender, captured_logs: list[dict[str, object]]
+) -> None:
+    """A handler that finishes just after its job was cancelled has its outcome fenced: logged
+    job.cancel_fenced (state cancelled, or deleted), never counted as a lost lease."""
+    from prometheus_client import REGISTRY
+
+    from worker.queue.completer import Completer
+    from worker.queue.holdings import Holdings
+
+    await make_queue(pool, "q")
+    store = JobStore(pool, SQL, uuid.uuid4())
+    ids = await sender.send_many("q", [{}, {}, {}])
+    claimed = await store.claim("q", 3)
+    await sender.jobs.cancel(ids[:1])
+    await sender.jobs.delete(ids[1:2])
+    holdings = Holdings()
+    holdings.add(3)
+    completer = Completer(store, holdings)
+    before = REGISTRY.get_sample_value("jobs_lease_lost_total", {"queue": "q"}) or 0.0
+    for job in claimed:
+        completer.succeeded(job)
+    await completer.drain()
+    fenced = [e for e in captured_logs if e["event"] == "job.cancel_fenced"]
+    assert sorted((e["job_id"], e["state"]) for e in fenced) == [
+        (ids[0], "cancelled"),
+        (ids[1], "deleted"),
+    ]
+    assert not [e for e in captured_logs if e["event"] == "job.lease_lost"]
+    after = REGISTRY.get_sample_value("jobs_lease_lost_total", {"queue": "q"}) or 0.0
+    assert after == before
+    assert holdings.count == 0

@@ -135,3 +135,51 @@ async def test_retry_of_an_exhausted_job_runs_exactly_once_more(db_url: str, tmp
             assert [r["attempt"] for r in runs] == [1, 2]
     finally:
         daemon.stop()
+
+
+async def test_cancel_interrupts_the_running_handler_on_its_replica_within_2_s(
+    db_url: str, tmp_path
+) -> None:
+    """A job running in a worker process, cancelled from this process: its handler stops within
+    2 seconds (NOTIFY to that replica), it never finishes or runs again, and stays cancelled;
+    the worker goes on with other jobs."""
+    await create_ledger(db_url)
+    [daemon] = await start_workers(db_url, tmp_path, 1, **SLOW_POLL)
+    try:
+        async with Sender.connect(db_url, max_size=2) as sender:
+            job_id = await sender.send("tool-work", {"sleep": 60})
+
+            async def started() -> bool:
+                found = await rows(db_url, "SELECT 1 FROM public.ledger WHERE job_id = $1", job_id)
+                return bool(found)
+
+            await wait_for(started, 15)
+            asked = time.monotonic()
+            assert await sender.jobs.cancel([job_id]) == [job_id]
+
+            def interrupted() -> bool:
+                return any(
+                    e.get("event") == "job.cancel_interrupted" and e.get("job_id") == job_id
+                    for e in daemon.events()
+                )
+
+            while not interrupted():
+                assert time.monotonic() - asked < 2.0, "the handler was not interrupted in 2 s"
+                await asyncio.sleep(0.02)
+            after = await sender.send("tool-work", {"n": 1})
+
+            async def after_done() -> bool:
+                job = await sender.jobs.get(after)  # type: ignore[arg-type]
+                return job is not None and job.state == "completed"
+
+            await wait_for(after_done, 15)
+            phases = await rows(
+                db_url, "SELECT phase FROM public.ledger WHERE job_id = $1 ORDER BY seq", job_id
+            )
+            assert [r["phase"] for r in phases] == ["start"]
+            job = await sender.jobs.get(job_id)  # type: ignore[arg-type]
+            assert job is not None
+            assert job.state == "cancelled"
+    finally:
+        daemon.stop()
+    assert not any(e.get("event") == "job.lease_lost" for e in daemon.events())

@@ -239,6 +239,12 @@ WITH back AS (
 SELECT id FROM back, (SELECT count(*) FROM note) n
 """
 
+JOB_STATES = """
+-- outcomes that matched no row: what became of those jobs (cancelled by an operator, deleted,
+-- or rescued), by primary key. Off the hot path: only when a write was fenced.
+SELECT id, state::text AS state FROM {s}.job WHERE id = ANY($1::bigint[])
+"""
+
 HEARTBEAT = """
 -- heartbeat: this process is alive. An upsert, so a worker row pruned while idle comes back.
 INSERT INTO {s}.worker (id, host, pid) VALUES ($1, $2, $3)
@@ -501,6 +507,7 @@ class QueueStatements:
     complete_and_claim: str
     fail: str
     hand_back: str
+    job_states: str
     heartbeat: str
     forget_worker: str
     probe: str
