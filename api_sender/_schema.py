@@ -8,12 +8,14 @@ import re
 CHANNEL_PREFIX = "chassis_jobs_"
 #: The channel an install notifies when schedules changed (read by running schedulers).
 SCHEDULES_CHANNEL_PREFIX = "chassis_schedules_"
+#: The channel on which job actions ask a replica to interrupt running jobs (cancel, delete).
+CANCEL_CHANNEL_PREFIX = "chassis_cancel_"
 
 #: PostgreSQL truncates identifiers (channel names included) past 63 bytes (NAMEDATALEN - 1).
 MAX_IDENTIFIER_BYTES = 63
 #: Every identifier built from the schema name is ``<prefix><schema>``; the longest prefix
 #: decides how long a schema name may be so that each of them still fits.
-DERIVED_PREFIXES = (CHANNEL_PREFIX, SCHEDULES_CHANNEL_PREFIX)
+DERIVED_PREFIXES = (CHANNEL_PREFIX, SCHEDULES_CHANNEL_PREFIX, CANCEL_CHANNEL_PREFIX)
 MAX_SCHEMA_LENGTH = MAX_IDENTIFIER_BYTES - max(len(p) for p in DERIVED_PREFIXES)
 
 _IDENTIFIER = re.compile(rf"^[a-z_][a-z0-9_]{{0,{MAX_SCHEMA_LENGTH - 1}}}$")
@@ -45,3 +47,8 @@ def notify_channel(schema: str) -> str:
 def schedules_channel(schema: str) -> str:
     """The NOTIFY channel announcing schedule changes in ``schema``."""
     return SCHEDULES_CHANNEL_PREFIX + check_schema_name(schema)
+
+
+def cancel_channel(schema: str) -> str:
+    """The channel on which ``<owner> <id>,<id>...`` asks a replica to interrupt those jobs."""
+    return CANCEL_CHANNEL_PREFIX + check_schema_name(schema)

@@ -29,3 +29,20 @@ class InvalidJob(SenderError, ValueError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class InvalidArgument(SenderError, ValueError):
+    """An argument of a read or an action is not valid; the message names it."""
+
+
+class PermissionDenied(SenderError):
+    """The database role lacks a right the action needs (for example DELETE for jobs.delete and
+    queues.purge, which only the worker role has: config/roles.sql)."""
+
+    def __init__(self, action: str, detail: str) -> None:
+        super().__init__(
+            f"{action} is not allowed for this database role ({detail}); "
+            "delete and purge need DELETE on the queue tables, which the worker role has "
+            "(config/roles.sql)"
+        )
+        self.action = action

@@ -10,8 +10,10 @@ import asyncpg
 
 from ._schema import check_schema_name
 from .errors import InvalidJob, QueueNotFound
+from .jobs import JobsApi
 from .options import SendOptions, StartAfter, check_text, encode_all, encode_data
 from .pool import create_pool
+from .queues import QueuesApi
 from .sql import SenderStatements, render
 from .timers import Timers
 from .usage import UsageRetry, UsageSink
@@ -42,6 +44,10 @@ class Sender:
         self.usage = UsageSink(self, retry=usage_retry)
         #: One-off timers, keyed or not (``sender.timers.schedule(...)``).
         self.timers = Timers(self)
+        #: Look at jobs and act on them (``sender.jobs.retry([...])``), each action audited.
+        self.jobs = JobsApi(pool, self.schema)
+        #: Pause, resume and purge queues (``sender.queues.pause("q")``), each action audited.
+        self.queues = QueuesApi(pool, self.schema)
 
     @classmethod
     def connect(

@@ -1,8 +1,10 @@
 -- chassis-worker: least-privilege database roles.
 --
---   api role     (SERVICE_ROLE=api, and apps using api_sender): enqueue only. CONNECT, USAGE on
---                the queue schema, SELECT/INSERT/UPDATE on its tables and USAGE on its sequences,
---                current and future. No CREATE anywhere, no DELETE, no TRUNCATE, no DDL.
+--   api role     (SERVICE_ROLE=api, and apps using api_sender): enqueue, and cancel, resume,
+--                retry and pause (contract section 10). CONNECT, USAGE on the queue schema,
+--                SELECT/INSERT/UPDATE on its tables and USAGE on its sequences, current and
+--                future; INSERT on public.audit_log. No CREATE anywhere, no DELETE (so no job
+--                delete or queue purge), no TRUNCATE, no DDL.
 --   worker role  (SERVICE_ROLE=worker|all, `chassis-worker migrate`, `held`, `queues`): runs the
 --                install and the purges. Owner of the queue schema and of everything in it,
 --                CREATE on the database and on schema public (the migrations create the chassis
@@ -181,6 +183,33 @@ BEGIN
 END
 $chassis$;
 
+-- The api role's job and queue actions (contract section 10: cancel, resume, retry, pause) each
+-- write one audit row in their own statement: INSERT on public.audit_log, nothing more (it can
+-- neither read nor change the log). Deleting jobs and purging queues need DELETE, which only the
+-- worker role has. Re-run this file once the install has created audit_log.
+SET chassis.api_role TO :'api_role';
+DO $audit$
+DECLARE
+    a   text := current_setting('chassis.api_role');
+    seq text;
+BEGIN
+    IF to_regclass('public.audit_log') IS NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE format('GRANT INSERT ON public.audit_log TO %I', a);
+    -- An app-owned audit_log whose id is a serial needs its sequence too.
+    FOR seq IN
+        SELECT pg_get_serial_sequence('public.audit_log', a2.attname)
+        FROM pg_attribute a2
+        WHERE a2.attrelid = 'public.audit_log'::regclass AND a2.attnum > 0 AND NOT a2.attisdropped
+    LOOP
+        CONTINUE WHEN seq IS NULL;
+        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', seq, a);
+    END LOOP;
+END
+$audit$;
+
+RESET chassis.api_role;
 RESET chassis.jobs_schema;
 RESET chassis.worker_role;
 

@@ -45,8 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for an unreachable database (0: fail at once) [60]",
     )
-    queues = sub.add_parser("queues", help="jobs per queue and state")
+    queues = sub.add_parser("queues", help="jobs per queue and state; pause, resume, purge")
     queues.add_argument("--json", action="store_true", help="print JSON")
+    from .commands.jobs import add_jobs_parser, add_queue_actions
+
+    add_queue_actions(queues)
+    add_jobs_parser(sub)
     send = sub.add_parser("send", help="enqueue one job and print its id")
     send.add_argument("queue")
     send.add_argument("data", metavar="JSON", help="the job's data as JSON")
@@ -108,14 +112,17 @@ Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
 
 
 def _command(args: argparse.Namespace) -> Command:
-    from .commands import held, operate
+    from .commands import held, jobs, operate
 
+    if args.command == "queues" and getattr(args, "queue_action", None):
+        return jobs.queue_action_command
     commands: dict[str, Command] = {
         "run": operate.run_command,
         "migrate": operate.migrate_command,
         "queues": operate.queues_command,
         "send": operate.send_command,
         "held": held.held_command,
+        "jobs": jobs.jobs_command,
     }
     return commands[args.command]
 

@@ -9,7 +9,7 @@ import anyio
 import asyncpg
 import structlog
 
-from .metrics import QUEUE_JOBS, QUEUE_OLDEST_WAITING
+from .metrics import QUEUE_JOBS, QUEUE_OLDEST_WAITING, QUEUE_PAUSED
 from .queue.sql import render
 
 log = structlog.get_logger("worker.metrics")
@@ -51,3 +51,4 @@ class QueueGauges:
                 QUEUE_JOBS.labels(row["name"], state).set(counts.get(state, 0))
             oldest = row["oldest_waiting_seconds"]
             QUEUE_OLDEST_WAITING.labels(row["name"]).set(float(oldest) if oldest else 0.0)
+            QUEUE_PAUSED.labels(row["name"]).set(1 if row["paused"] else 0)

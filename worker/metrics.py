@@ -34,6 +34,7 @@ QUEUE_OLDEST_WAITING = Gauge(
     "Age of the oldest job waiting to run (due, not yet claimed), 0 when none",
     ["queue"],
 )
+QUEUE_PAUSED = Gauge("queue_paused", "1 while the queue is paused (no new job starts)", ["queue"])
 JOB_DURATION = Histogram(
     "job_duration_seconds",
     "Handler run time",

@@ -10,6 +10,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from api_sender import Sender
+from api_sender._schema import cancel_channel
 
 from .db.bounded import HandlerPool
 from .install import schedules_channel
@@ -115,11 +116,24 @@ class WorkerRuntime:
             on_rescue_due=self.maintenance.trigger_rescue,
             on_prune_due=self.maintenance.trigger_prune,
             min_retention_seconds=float(min_retention),
-            extra_channels={schedules_channel(schema): self.cron.schedules_changed},
+            extra_channels={
+                schedules_channel(schema): self.cron.schedules_changed,
+                cancel_channel(schema): self.interrupt,
+            },
             availability=self.availability,
         )
         self._background = anyio.CancelScope()
         self._pollers_done = anyio.Event()
+
+    def interrupt(self, payload: str) -> None:
+        """``<owner> <id>,<id>...`` from a cancel or delete: interrupt those of this process's
+        running handlers (the job rows are final already)."""
+        owner, _, ids = payload.partition(" ")
+        if owner != str(self.owner):
+            return
+        wanted = {int(i) for i in ids.split(",") if i.isdigit()}
+        found = [job_id for poller in self.pollers for job_id in poller.interrupt(wanted)]
+        log.info("job.interrupt_requested", ids=sorted(wanted), running=found)
 
     def check(self) -> str | None:
         """Readiness: the listener must be connected."""

@@ -103,6 +103,18 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(
         30.0, ge=0, le=HOUR, allow_inf_nan=False, description="drain time on SIGTERM"
     )
+    admin_token: SecretStr | None = Field(
+        None, description="bearer token (API) or Basic password (console) to read and act"
+    )
+    console_view_token: SecretStr | None = Field(
+        None, description="read-only token for /v1/admin and /console (GET only)"
+    )
+    admin_show_data: bool = Field(
+        False, description="show job data on the admin surfaces (else redacted to its size)"
+    )
+    console_origins: str = Field(
+        "", description="comma-separated extra origins a console POST may come from (TLS proxy)"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     log_format: Literal["json", "console"] | None = Field(
         None, description="json when stdout is not a TTY, else console"
@@ -224,6 +236,11 @@ class Settings(BaseSettings):
     def tool_job_paths(self) -> list[str]:
         """The ``TOOL_JOBS`` entries in order."""
         return _split(self.tool_jobs)
+
+    @property
+    def console_origin_list(self) -> frozenset[str]:
+        """``CONSOLE_ORIGINS`` as origins (scheme://host[:port], no trailing slash)."""
+        return frozenset(o.rstrip("/").lower() for o in _split(self.console_origins))
 
     @property
     def superadmins(self) -> frozenset[str]:

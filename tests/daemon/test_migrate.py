@@ -85,8 +85,8 @@ async def test_migration_0003_drops_job_due_left_by_an_older_install(db_url: str
         await conn.execute(
             "CREATE INDEX job_due ON jobs.job (queue, start_after) WHERE state < 'active'"
         )
-        await conn.execute("DELETE FROM jobs.schema_migration WHERE version >= 3")
-        assert await migrate(conn, "jobs", lock_timeout=10) == list(range(3, latest_version() + 1))
+        await conn.execute("DELETE FROM jobs.schema_migration WHERE version = 3")
+        assert await migrate(conn, "jobs", lock_timeout=10) == [3]
         assert await conn.fetchval("SELECT to_regclass('jobs.job_due')") is None
     finally:
         await conn.close()

@@ -15,12 +15,14 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import httpx
 import pytest
 
-from api_sender import Sender, UsageEvent
+from api_sender import PermissionDenied, Sender, UsageEvent
 from tests.deploy.files import ROLES_SQL
 from tests.support.postgres import create_database, drop_database, with_database
 from tests.support.processes import Daemon, run_cli, start_daemon
+from tests.support.queues import make_queue
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("psql") is None, reason="psql (postgresql-client) needed"),
@@ -362,3 +364,62 @@ async def test_roles_sql_is_idempotent_and_grants_no_special_powers(
                 assert role[power] is False, (role["name"], power)
     finally:
         await admin.close()
+
+
+ADMIN = "roles-admin-token"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_api_role_acts_with_audit_but_cannot_delete_or_purge(
+    migrated_db: str,
+    admin_url: str,
+    roles: Roles,
+    tmp_path,
+) -> None:
+    """Through api_sender as the api role: retry, cancel, resume and pause work and write their
+    audit rows; delete and purge raise PermissionDenied and change nothing; over HTTP on an api
+    process the same delete is 403 naming DELETE."""
+    dbname = urlsplit(migrated_db).path.lstrip("/")
+    apply_roles(admin_url, roles, dbname=dbname)
+    worker_url, api_url = as_role(migrated_db, roles.worker), as_role(migrated_db, roles.api)
+    assert (await asyncio.to_thread(run_cli, worker_url, "migrate", cwd=tmp_path)).returncode == 0
+    admin = await asyncpg.create_pool(migrated_db, min_size=1, max_size=1)
+    try:
+        await make_queue(admin, "reports")
+    finally:
+        await admin.close()
+    async with Sender.connect(api_url, max_size=2) as sender:
+        ids = await sender.send_many("reports", [{}, {}, {}])
+        assert await sender.jobs.cancel(ids) == ids
+        assert await sender.jobs.resume(ids[:1]) == ids[:1]
+        assert await sender.jobs.retry(ids[1:2]) == ids[1:2]
+        assert await sender.queues.pause("reports") is True
+        with pytest.raises(PermissionDenied, match="DELETE"):
+            await sender.jobs.delete(ids)
+        with pytest.raises(PermissionDenied, match="DELETE"):
+            await sender.queues.purge("reports")
+        assert len((await sender.jobs.list(queue="reports")).jobs) == 3
+    check = await asyncpg.connect(migrated_db)
+    try:
+        actions = [
+            r["action"]
+            for r in await check.fetch("SELECT action FROM public.audit_log ORDER BY id")
+        ]
+    finally:
+        await check.close()
+    assert actions == ["job.cancel", "job.resume", "job.retry", "queue.pause"]
+    daemon = start_daemon(api_url, tmp_path, role="api", name="api", env={"ADMIN_TOKEN": ADMIN})
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 30)
+        response = await asyncio.to_thread(
+            httpx.post,
+            daemon.url("/v1/admin/jobs/delete"),
+            json={"ids": ids},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        assert response.status_code == 403, response.text
+        assert "DELETE" in response.json()["error"]
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()

@@ -125,9 +125,7 @@ def test_a_poison_event_never_blocks_the_others(
     discard = run_cli(db_url, "held", "discard", poison, "--yes")
     assert discard.returncode == 0, discard.stderr
     assert poison in discard.stdout
-    audit = fetch(
-        db_url, "SELECT metadata FROM public.audit_log WHERE action = 'usage.held_discard'"
-    )
+    audit = fetch(db_url, "SELECT metadata FROM public.audit_log WHERE action = 'usage.discard'")
     assert len(audit) == 1
     assert poison in audit[0]["metadata"]
     assert poison not in hub.accepted_ids()

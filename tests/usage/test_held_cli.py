@@ -76,7 +76,7 @@ async def test_redrive_makes_named_events_due_now(
     db_url: str, pool: asyncpg.Pool, held: Held
 ) -> None:
     """redrive ID...: a waiting event is due now; a held-queue event is back on the usage queue
-    due now (its held job settled); others are untouched."""
+    due now (its held job settled); others are untouched; one audit row records it."""
     result = await _cli(db_url, "redrive", held.waiting, held.budget.lower())
     assert result.returncode == 0, result.stderr
     assert "redriven 2 event(s)" in result.stdout
@@ -92,6 +92,9 @@ async def test_redrive_makes_named_events_due_now(
         held.budget,
     )
     assert key == held.budget
+    [row] = await pool.fetch("SELECT actor_via, action, metadata::text AS m FROM public.audit_log")
+    assert (row["actor_via"], row["action"]) == ("cli", "usage.redrive")
+    assert json.loads(row["m"]) == {"ids": sorted([held.waiting, held.budget]), "count": 2}
 
 
 async def test_redrive_all_and_unknown_ids(db_url: str, pool: asyncpg.Pool, held: Held) -> None:
@@ -145,23 +148,25 @@ async def test_discard_cancels_and_writes_one_audit_row(
     }
     assert row == {
         "workspace_id": None,
-        "actor_via": "operator",
+        "actor_via": "cli",
         "principal": getpass.getuser(),
-        "action": "usage.held_discard",
+        "action": "usage.discard",
         "resource_type": "usage_event",
         "resource_id": None,
         "recent": True,
     }
 
 
-async def test_discard_of_nothing_held_writes_no_row(
+async def test_discard_of_nothing_held_is_recorded_with_count_zero(
     db_url: str, pool: asyncpg.Pool, held: Held
 ) -> None:
-    """Discarding an event that is not held (a fresh one) does nothing, exits 1, no audit row."""
+    """Discarding an event that is not held (a fresh one) changes nothing and exits 1; the
+    attempt is still recorded, with a count of 0."""
     result = await _cli(db_url, "discard", held.fresh, "--yes")
     assert result.returncode == 1
     assert await _jobs(pool, held.fresh) == [(USAGE_QUEUE, "created", True)]
-    assert await pool.fetchval("SELECT count(*) FROM public.audit_log") == 0
+    rows = await pool.fetch("SELECT action, metadata::text AS m FROM public.audit_log")
+    assert [(r["action"], json.loads(r["m"])["count"]) for r in rows] == [("usage.discard", 0)]
 
 
 async def test_a_held_job_without_an_event_id_is_named_by_job(

@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from api_sender import Sender
+from api_sender import Actor, Sender
 
 from ..boot import database_url
 from ..jobs.usage.operator import EVERYTHING, HeldRow, HeldStore, Selection
@@ -74,14 +74,14 @@ async def held_command(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 _print_table(rows, total)
             return 0
-        actor = operator_name()
+        actor = Actor("cli", operator_name())
         if args.held_action == "redrive":
             done = await store.redrive(selection, actor)
-            log.info("held.redriven", ids=done, count=len(done), actor=actor)
+            log.info("held.redriven", ids=done, count=len(done), actor=actor.principal)
             print(f"redriven {len(done)} event(s), due now")
         else:
             done = await store.discard(selection, actor)
-            log.warning("held.discarded", ids=done, count=len(done), actor=actor)
+            log.warning("held.discarded", ids=done, count=len(done), actor=actor.principal)
             print(f"discarded {len(done)} event(s); audit row written" if done else "discarded 0")
     finally:
         await sender.close()

@@ -80,6 +80,7 @@ async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
                 "name": row["name"],
                 "counts": {state: int(counts.get(state, 0)) for state in STATES},
                 "oldest_waiting_seconds": float(oldest) if oldest is not None else None,
+                "paused": bool(row["paused"]),
                 "policy": row["policy"],
                 "dead_letter": row["dead_letter"],
                 "cron": row["cron"],
@@ -109,7 +110,7 @@ async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print_json({"queues": report})
         return 0
-    header = ["queue", *STATES, "oldest_waiting_s", "cron", "last_run", "last_purge"]
+    header = ["queue", *STATES, "oldest_waiting_s", "paused", "cron", "last_run", "last_purge"]
     lines = [header]
     for q in report:
         oldest = q["oldest_waiting_seconds"]
@@ -118,6 +119,7 @@ async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
                 q["name"],
                 *(str(q["counts"][s]) for s in STATES),
                 "-" if oldest is None else f"{oldest:.1f}",
+                "yes" if q["paused"] else "no",
                 q["cron"] or "-",
                 q["last_run"] or "-",
                 _purge_cell(q["last_purge"]),

@@ -49,6 +49,9 @@ class Completer:
         self._lock = anyio.Lock()
         self._watchers: dict[str, Callable[[int], None]] = {}
         self._untaken: Counter[str] = Counter()
+        #: Outcomes that matched no row, to be told apart (an operator's cancel or delete, or a
+        #: lost lease) by the job's state now, off the hot path.
+        self._unmatched: list[tuple[ClaimedJob, str]] = []
 
     def watch(self, queue: str, settled: Callable[[int], None]) -> None:
         """Call ``settled(n)`` whenever ``n`` outcomes of ``queue`` are written (or given up)."""
@@ -104,13 +107,20 @@ class Completer:
         self._back.append(job)
         self._signal()
 
+    def dropped(self, job: ClaimedJob) -> None:
+        """``job``'s handler was interrupted because an operator cancelled or deleted it: its
+        row is final already, nothing is written; its slot is free."""
+        log.info("job.cancel_interrupted", job_id=job.id, queue=job.queue, attempt=job.attempt)
+        self._holdings.remove(1)
+        self._release(Counter({job.queue: 1}))
+
     def _signal(self) -> None:
         self._pending.set()
 
     @property
     def has_pending(self) -> bool:
         """Whether outcomes wait to be written."""
-        return bool(self._done or self._failed or self._back)
+        return bool(self._done or self._failed or self._back or self._unmatched)
 
     async def run(self) -> None:
         """Flush outcomes as they come, until cancelled."""
@@ -136,6 +146,43 @@ class Completer:
         await self._write("complete", done, self._write_done, list)
         await self._write("fail", failed, self._write_failed, _jobs_of_failures)
         await self._write("hand_back", back, self._write_back, list)
+        if self._unmatched:
+            await self._explain_unmatched()
+
+    async def _explain_unmatched(self) -> None:
+        """Log each outcome that matched no row as what it was: ``job.cancel_fenced`` when an
+        operator cancelled or deleted the job meanwhile (not a lost lease), else
+        ``job.lease_lost`` (rescued or expired), counted in jobs_lease_lost_total."""
+        unmatched, self._unmatched = self._unmatched, []
+        states: dict[int, str] | None
+        try:
+            states = await self._store.states([job.id for job, _ in unmatched])
+        except Exception as exc:
+            # Unexplained, they are reported as what they usually are: lost leases.
+            log.warning("job.unmatched_unexplained", error=f"{type(exc).__name__}: {exc}")
+            states = None
+        for job, write in unmatched:
+            state = None if states is None else states.get(job.id, "deleted")
+            if state in ("cancelled", "deleted"):
+                log.info(
+                    "job.cancel_fenced",
+                    job_id=job.id,
+                    queue=job.queue,
+                    attempt=job.attempt,
+                    write=write,
+                    state=state,
+                    hint="an operator cancelled or deleted the job; this result is dropped",
+                )
+                continue
+            JOBS_LEASE_LOST.labels(job.queue).inc()
+            log.warning(
+                "job.lease_lost",
+                job_id=job.id,
+                queue=job.queue,
+                attempt=job.attempt,
+                write=write,
+                hint="the job was rescued or expired; this result is dropped",
+            )
 
     async def _write(
         self,
@@ -266,17 +313,10 @@ class Completer:
         self._holdings.remove(len(jobs))
         self._release(Counter(job.queue for job in jobs))
 
-    @staticmethod
-    def _lease_lost(job: ClaimedJob, write: str) -> None:
-        JOBS_LEASE_LOST.labels(job.queue).inc()
-        log.warning(
-            "job.lease_lost",
-            job_id=job.id,
-            queue=job.queue,
-            attempt=job.attempt,
-            write=write,
-            hint="the job was rescued or expired; this result is dropped",
-        )
+    def _lease_lost(self, job: ClaimedJob, write: str) -> None:
+        """An outcome matched no row: explained (and logged) at the end of the flush."""
+        self._unmatched.append((job, write))
+        self._signal()
 
 
 def _jobs_of_failures(failures: list[tuple[ClaimedJob, str]]) -> list[ClaimedJob]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -95,6 +95,10 @@ class Poller:
         self._solo = False
         completer.watch(consumer.queue, self._settled)
         self._running: set[anyio.CancelScope] = set()
+        #: The runner scope of each job whose handler runs now (per-job consumers), so an
+        #: operator's cancel can interrupt exactly that handler; and the ids so interrupted.
+        self._current: dict[int, anyio.CancelScope] = {}
+        self._cancelled: set[int] = set()
         self._work: deque[Work] = deque()
         #: Runners waiting for work, each on its own event; ``_waking`` counts those set but
         #: not yet running, so a burst of work wakes one spare runner at a time.
@@ -129,6 +133,18 @@ class Poller:
         self._interrupted = True
         for scope in list(self._running):
             scope.cancel()
+
+    def interrupt(self, ids: Iterable[int]) -> list[int]:
+        """Interrupt the handlers of these jobs if they run here (an operator cancelled or
+        deleted them: their rows are final already, so nothing is written for them)."""
+        found = []
+        for job_id in ids:
+            scope = self._current.get(job_id)
+            if scope is not None:
+                self._cancelled.add(job_id)
+                scope.cancel()
+                found.append(job_id)
+        return found
 
     async def run(self) -> None:
         """Fetch and run until stopped and every claimed job has an outcome."""
@@ -290,9 +306,13 @@ class Poller:
         self._done(work)
 
     def _interrupted_work(self, work: Work) -> None:
-        """A runner's scope was cancelled mid-run: grace exceeded (hand back) or expired."""
+        """A runner's scope was cancelled mid-run: an operator's cancel (nothing to write),
+        grace exceeded (hand back) or expired."""
         jobs = work if isinstance(work, list) else [work]
-        if self._interrupted:
+        if not isinstance(work, list) and work.id in self._cancelled:
+            self._cancelled.discard(work.id)
+            self._completer.dropped(work)
+        elif self._interrupted:
             for job in jobs:
                 self._completer.handed_back(job)
         elif isinstance(work, list):
@@ -309,6 +329,7 @@ class Poller:
         started = time.perf_counter()
         structlog.contextvars.bind_contextvars(job_id=job.id, attempt=job.attempt)
         expiry.start(job.expire_seconds)
+        self._current[job.id] = expiry.scope
         try:
             await run_job(job)
             self._completer.succeeded(job)
@@ -317,6 +338,7 @@ class Poller:
             # the handler's own and is reported as such.
             self._completer.failed(job, f"{type(exc).__name__}: {exc}")
         finally:
+            del self._current[job.id]
             self._duration.observe(time.perf_counter() - started)
         self._done(job)
 

@@ -18,6 +18,8 @@ def _claim_next(queue: str, limit: str) -> str:
     return (
         "SELECT id FROM {s}.job\n"
         f"    WHERE queue = {queue} AND state < 'active' AND start_after <= now()\n"
+        # A paused queue starts nothing: one look at its row (an InitPlan, evaluated once).
+        f"      AND NOT (SELECT paused FROM {{s}}.queue WHERE name = {queue})\n"
         "    ORDER BY priority DESC, start_after, id\n"
         f"    LIMIT {limit}\n"
         "    FOR UPDATE SKIP LOCKED"
@@ -90,6 +92,7 @@ WITH candidates AS (
     SELECT j.id, COALESCE(j.singleton_key, '') AS k, j.priority, j.start_after
     FROM {s}.job j
     WHERE j.queue = $1 AND j.state < 'active' AND j.start_after <= now()
+      AND NOT (SELECT paused FROM {s}.queue WHERE name = $1)
       AND NOT EXISTS (
           SELECT 1 FROM {s}.job a
           WHERE a.queue = j.queue AND a.state = 'active'
@@ -236,6 +239,12 @@ WITH back AS (
 SELECT id FROM back, (SELECT count(*) FROM note) n
 """
 
+JOB_STATES = """
+-- outcomes that matched no row: what became of those jobs (cancelled by an operator, deleted,
+-- or rescued), by primary key. Off the hot path: only when a write was fenced.
+SELECT id, state::text AS state FROM {s}.job WHERE id = ANY($1::bigint[])
+"""
+
 HEARTBEAT = """
 -- heartbeat: this process is alive. An upsert, so a worker row pruned while idle comes back.
 INSERT INTO {s}.worker (id, host, pid) VALUES ($1, $2, $3)
@@ -258,7 +267,9 @@ PROBE = """
 -- usage), the probe reads a handful of index entries, and sends need no second waiting index.
 WITH RECURSIVE priorities AS (
     SELECT q.queue, top.priority
-    FROM unnest($1::text[]) AS q (queue),
+    FROM unnest($1::text[]) AS q (queue)
+    -- A paused queue is never due: its poller stays asleep until resume notifies it.
+    JOIN {s}.queue pq ON pq.name = q.queue AND NOT pq.paused,
     LATERAL (
         SELECT j.priority FROM {s}.job j
         WHERE j.queue = q.queue AND j.state < 'active'
@@ -469,7 +480,7 @@ SELECT q.name,
        (SELECT extract(epoch FROM now() - min(j.start_after)) FROM {s}.job j
         WHERE j.queue = q.name AND j.state < 'active' AND j.start_after <= now())
            AS oldest_waiting_seconds,
-       q.policy, q.dead_letter, s.cron, s.last_run
+       q.policy, q.dead_letter, q.paused, s.cron, s.last_run
 FROM {s}.queue q LEFT JOIN {s}.schedule s ON s.queue = q.name
 ORDER BY q.name
 """
@@ -496,6 +507,7 @@ class QueueStatements:
     complete_and_claim: str
     fail: str
     hand_back: str
+    job_states: str
     heartbeat: str
     forget_worker: str
     probe: str

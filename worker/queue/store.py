@@ -107,6 +107,11 @@ class JobStore:
         )
         return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
 
+    async def states(self, ids: Sequence[int]) -> dict[int, str]:
+        """The state of each of these jobs now (ids whose row is gone are absent)."""
+        rows = await self.pool.fetch(self.sql.job_states, list(ids))
+        return {row["id"]: row["state"] for row in rows}
+
     async def hand_back(self, jobs: Sequence[ClaimedJob]) -> set[int]:
         """Return claimed jobs to the queue, due at once, without counting a failure."""
         if not jobs:

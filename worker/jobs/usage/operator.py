@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, Sender
+from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, Actor, Sender
 
 from .holds import hold_reason
 from .sql import HeldStatements, render
@@ -126,8 +126,8 @@ class HeldStore:
             )
         return out
 
-    async def redrive(self, selection: Selection, actor: str) -> list[str]:
-        """Make the selected held events due now; return their ids."""
+    async def redrive(self, selection: Selection, actor: Actor) -> list[str]:
+        """Make the selected held events due now, with the audit row; return their ids."""
         async with self._sender.pool.acquire() as conn, conn.transaction():
             waiting = await conn.fetch(self._sql.redrive_waiting, USAGE_QUEUE, *selection.args())
             locked = await conn.fetch(self._sql.lock_held, USAGE_HELD_QUEUE, *selection.args())
@@ -137,24 +137,39 @@ class HeldStore:
                 await self._sender.usage.resend(
                     [json.loads(row["data"]) for row in locked], connection=conn
                 )
-                await conn.execute(self._sql.settle_held, [row["id"] for row in locked], actor)
-        return [row["event_id"] for row in [*waiting, *locked]]
+                await conn.execute(
+                    self._sql.settle_held, [row["id"] for row in locked], _name(actor)
+                )
+            ids = [row["event_id"] for row in [*waiting, *locked]]
+            await _audit(conn, self._sql, actor, "usage.redrive", ids, selection)
+        return ids
 
-    async def discard(self, selection: Selection, actor: str) -> list[str]:
+    async def discard(self, selection: Selection, actor: Actor) -> list[str]:
         """Cancel the selected held events and write the audit row, in one transaction; return
-        the discarded ids (no row when nothing matched)."""
+        the discarded ids."""
         async with self._sender.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
-                self._sql.discard, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args(), actor
+                self._sql.discard, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args(), _name(actor)
             )
             ids = sorted({row["event_id"] for row in rows})
-            if ids:
-                await _audit(conn, self._sql, actor, ids)
+            await _audit(conn, self._sql, actor, "usage.discard", ids, selection)
         return ids
 
 
+def _name(actor: Actor) -> str:
+    """How a held job's output records who acted: ``principal (via)``."""
+    return f"{actor.principal or 'unknown'} ({actor.via})"
+
+
 async def _audit(
-    conn: asyncpg.Connection, sql: HeldStatements, actor: str, ids: Sequence[str]
+    conn: asyncpg.Connection,
+    sql: HeldStatements,
+    actor: Actor,
+    action: str,
+    ids: Sequence[str],
+    selection: Selection,
 ) -> None:
-    metadata = json.dumps({"ids": list(ids), "count": len(ids)})
-    await conn.execute(sql.audit, actor, metadata)
+    metadata: dict[str, object] = {"ids": list(ids), "count": len(ids)}
+    if selection.everything:
+        metadata["all"] = True
+    await conn.execute(sql.audit, actor.via, actor.principal, action, json.dumps(metadata))

@@ -82,11 +82,12 @@ RETURNING j.id, j.queue, COALESCE(j.data->>'id', 'job:' || j.id) AS event_id
 """
 
 AUDIT = """
--- held discard: the audit row, in the discard's transaction: no event leaves undelivered
--- without one. Instance-level (workspace_id NULL), actor the operator's OS user.
+-- held redrive/discard: the action's one audit row ($3: usage.redrive or usage.discard), in
+-- the action's transaction: no event leaves undelivered without one. Instance-level
+-- (workspace_id NULL); $1 is the surface (cli, api, console, python), $2 the principal.
 INSERT INTO public.audit_log
     (workspace_id, actor_via, principal, action, resource_type, resource_id, metadata)
-VALUES (NULL, 'operator', $1, 'usage.held_discard', 'usage_event', NULL, $2::text::jsonb)
+VALUES (NULL, $1, $2, $3, 'usage_event', NULL, $4::text::jsonb)
 """
 
 

@@ -1,0 +1,369 @@
+"""``sender.jobs``: look at jobs and act on them (contract section 10).
+
+Reads are keyset-paginated, newest first. Every action is one statement that also writes its
+audit row (:mod:`api_sender.job_queries`); an action by ids returns the ids it changed, leaving
+ids in another state alone; an action by filter (``*_where``) returns how many it changed, or with
+``dry_run=True`` (the default) how many it would change, without changing or recording anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import asyncpg
+
+from . import job_queries as q
+from .errors import InvalidArgument, PermissionDenied
+from .query import Query, Rendered
+
+State = Literal["created", "retry", "active", "completed", "cancelled", "failed"]
+#: pg-boss's states, in the order of the job_state enum.
+STATES: tuple[State, ...] = ("created", "retry", "active", "completed", "cancelled", "failed")
+Action = Literal["retry", "cancel", "resume", "delete"]
+#: The states each action moves jobs out of.
+ACTION_STATES: dict[Action, tuple[State, ...]] = {
+    "retry": ("failed", "cancelled"),
+    "cancel": ("created", "retry", "active"),
+    "resume": ("cancelled",),
+    "delete": STATES,
+}
+#: Job ids (an alias: inside JobsApi, ``list`` is the method).
+IdList = list[int]
+#: The most jobs one list page holds, and the most changed ids one filter action returns.
+MAX_PAGE = 1000
+MAX_IDS_SHOWN = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who acts, for the audit row: the surface (``actor_via``) and the principal."""
+
+    via: Literal["cli", "api", "console", "python"] = "python"
+    principal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One job as the operator surfaces show it."""
+
+    id: int
+    queue: str
+    state: State
+    data: Any
+    priority: int
+    singleton_key: str | None
+    attempt: int
+    retry_count: int
+    retry_limit: int
+    start_after: datetime
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    #: The last failure's text, or ``None``.
+    error: str | None
+    #: The size of the job's data as stored JSON text (``octet_length(data::text)``).
+    data_bytes: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
+        """A job from a row of :data:`api_sender.job_queries.JOB_COLUMNS`."""
+        text = row["data"]
+        return cls(
+            id=row["id"],
+            queue=row["queue"],
+            state=row["state"],
+            data=json.loads(text) if text is not None else None,
+            priority=row["priority"],
+            singleton_key=row["singleton_key"],
+            attempt=row["attempt"],
+            retry_count=row["retry_count"],
+            retry_limit=row["retry_limit"],
+            start_after=row["start_after"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            completed_at=row["completed_at"],
+            error=row["error"],
+            data_bytes=len(text.encode()) if text is not None else 0,
+        )
+
+    def as_json(self, *, show_data: bool = True) -> dict[str, Any]:
+        """The job as JSON; without ``show_data`` the data is ``{"redacted": true, "bytes": n}``."""
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "state": self.state,
+            "data": self.data if show_data else {"redacted": True, "bytes": self.data_bytes},
+            "priority": self.priority,
+            "singleton_key": self.singleton_key,
+            "attempt": self.attempt,
+            "retry_count": self.retry_count,
+            "retry_limit": self.retry_limit,
+            "start_after": self.start_after.isoformat(),
+            "created_at": self.created_at.isoformat(),
+            "started_at": _iso(self.started_at),
+            "completed_at": _iso(self.completed_at),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of a job list, newest first; ``next`` is the cursor of the next page or None."""
+
+    jobs: list[Job]
+    next: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """The jobs a bulk action matches: one queue, optionally one state, created in
+    ``[since, until)``. Only the states the action moves jobs out of ever match."""
+
+    queue: str
+    state: State | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.queue, str) or not self.queue or "\x00" in self.queue:
+            raise InvalidArgument("filter queue must be a non-empty string")
+        check_state(self.state)
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+                raise InvalidArgument(f"filter {name} must be a timezone-aware datetime")
+
+    def states(self, action: Action) -> list[str]:
+        """The states this filter matches for ``action``."""
+        allowed = ACTION_STATES[action]
+        return [s for s in allowed if self.state is None or s == self.state]
+
+    def as_json(self) -> dict[str, Any]:
+        """The filter as the audit row records it."""
+        return {
+            "queue": self.queue,
+            "state": self.state,
+            "since": _iso(self.since),
+            "until": _iso(self.until),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """What an action changed: how many jobs, and their ids (at most ``MAX_IDS_SHOWN`` for a
+    filter action)."""
+
+    changed: int
+    ids: list[int]
+
+
+class JobsApi:
+    """``sender.jobs``: reads and actions on the jobs of one queue schema."""
+
+    def __init__(self, pool: asyncpg.Pool, schema: str, *, actor: Actor | None = None) -> None:
+        self._pool = pool
+        self._schema = schema
+        self._actor = actor or Actor()
+        self._rendered: dict[str, Rendered] = {}
+
+    def _sql(self, query: Query) -> Rendered:
+        rendered = self._rendered.get(query.name)
+        if rendered is None:
+            rendered = self._rendered[query.name] = query.render(self._schema)
+        return rendered
+
+    def as_actor(self, actor: Actor) -> JobsApi:
+        """The same API recording ``actor`` in its audit rows."""
+        return JobsApi(self._pool, self._schema, actor=actor)
+
+    async def get(self, job_id: int) -> Job | None:
+        """The job with this id, or ``None``."""
+        sql = self._sql(q.GET_JOB)
+        row = await self._pool.fetchrow(sql.text, *sql.args({"id": check_id(job_id)}))
+        return Job.from_row(row) if row is not None else None
+
+    async def list(
+        self,
+        *,
+        queue: str | None = None,
+        state: State | None = None,
+        key: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> JobPage:
+        """One page of jobs, newest first, filtered by queue, state and key; pass the page's
+        ``next`` as ``after`` for the following page."""
+        check_state(state)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}")
+        values: dict[str, Any] = {"limit": limit + 1}
+        if queue is not None:
+            values["queue"] = _text("queue", queue)
+        if state is not None:
+            values["state"] = state
+        if key is not None:
+            values["key"] = _text("key", key)
+        if after is not None:
+            values["after"] = parse_cursor(after)
+        sql = self._sql(
+            q.list_jobs(*(name in values for name in ("queue", "state", "key", "after")))
+        )
+        rows = await self._pool.fetch(sql.text, *sql.args(values))
+        jobs = [Job.from_row(row) for row in rows[:limit]]
+        return JobPage(jobs, str(jobs[-1].id) if len(rows) > limit else None)
+
+    async def retry(self, ids: Iterable[int]) -> IdList:
+        """failed/cancelled jobs -> retry, due now, with one more attempt; the ids changed."""
+        return (await self.act("retry", ids)).ids
+
+    async def cancel(self, ids: Iterable[int]) -> IdList:
+        """created/retry/active jobs -> cancelled; running ones are interrupted by their
+        replica. Returns the ids changed."""
+        return (await self.act("cancel", ids)).ids
+
+    async def resume(self, ids: Iterable[int]) -> IdList:
+        """cancelled jobs -> created; the ids changed."""
+        return (await self.act("resume", ids)).ids
+
+    async def delete(self, ids: Iterable[int]) -> IdList:
+        """Delete jobs in any state (needs DELETE on the queue tables); the ids deleted."""
+        return (await self.act("delete", ids)).ids
+
+    async def retry_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """:meth:`retry` every job matching the filter (see :class:`JobFilter`)."""
+        return (await self.act_where("retry", JobFilter(**filter_), dry_run=dry_run)).changed
+
+    async def cancel_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """:meth:`cancel` every job matching the filter (see :class:`JobFilter`)."""
+        return (await self.act_where("cancel", JobFilter(**filter_), dry_run=dry_run)).changed
+
+    async def resume_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """:meth:`resume` every job matching the filter (see :class:`JobFilter`)."""
+        return (await self.act_where("resume", JobFilter(**filter_), dry_run=dry_run)).changed
+
+    async def delete_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """:meth:`delete` every job matching the filter (see :class:`JobFilter`)."""
+        return (await self.act_where("delete", JobFilter(**filter_), dry_run=dry_run)).changed
+
+    async def count_waiting(self, where: JobFilter) -> int:
+        """How many created/retry jobs ``where`` matches (what ``queues.purge`` would delete)."""
+        sql = self._sql(q.COUNT_WHERE)
+        values = {
+            "queue": where.queue,
+            "states": [s for s in ("created", "retry") if where.state in (None, s)],
+            "since": where.since,
+            "until": where.until,
+        }
+        count: int = await self._pool.fetchval(sql.text, *sql.args(values))
+        return count
+
+    async def act(self, action: Action, ids: Iterable[int]) -> ActionResult:
+        """Run ``action`` on these ids (one statement with its audit row)."""
+        id_list = check_ids(ids)
+        sql = self._sql(_BY_IDS[action])
+        values = {
+            "ids": id_list,
+            "states": list(ACTION_STATES[action]),
+            "shown": len(id_list),
+            **self._actor_values(),
+        }
+        return await self._run(action, sql, values)
+
+    async def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> ActionResult:
+        """Run ``action`` on every job ``where`` matches, or only count them (``dry_run``)."""
+        values: dict[str, Any] = {
+            "queue": where.queue,
+            "states": where.states(action),
+            "since": where.since,
+            "until": where.until,
+        }
+        if dry_run:
+            sql = self._sql(q.COUNT_WHERE)
+            count: int = await self._pool.fetchval(sql.text, *sql.args(values))
+            return ActionResult(count, [])
+        values.update(
+            filter=json.dumps(where.as_json()), shown=MAX_IDS_SHOWN, **self._actor_values()
+        )
+        return await self._run(action, self._sql(_WHERE[action]), values)
+
+    def _actor_values(self) -> dict[str, Any]:
+        return {"actor_via": self._actor.via, "principal": self._actor.principal}
+
+    async def _run(self, action: Action, sql: Rendered, values: dict[str, Any]) -> ActionResult:
+        try:
+            row = await self._pool.fetchrow(sql.text, *sql.args(values))
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise PermissionDenied(f"jobs.{action}", str(exc)) from None
+        assert row is not None
+        return ActionResult(int(row["changed"]), list(row["ids"]))
+
+
+_BY_IDS: dict[Action, Query] = {
+    "retry": q.RETRY_IDS,
+    "cancel": q.CANCEL_IDS,
+    "resume": q.RESUME_IDS,
+    "delete": q.DELETE_IDS,
+}
+_WHERE: dict[Action, Query] = {
+    "retry": q.RETRY_WHERE,
+    "cancel": q.CANCEL_WHERE,
+    "resume": q.RESUME_WHERE,
+    "delete": q.DELETE_WHERE,
+}
+
+
+def check_state(state: Any) -> None:
+    """Refuse anything but one of pg-boss's six state names (or ``None``)."""
+    if state is not None and state not in STATES:
+        raise InvalidArgument(f"state must be one of {', '.join(STATES)}")
+
+
+def check_id(value: Any) -> int:
+    """A job id: a positive integer that fits a bigint."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        raise InvalidArgument(f"job id must be a positive integer, not {str(value)[:40]!r}")
+    return value
+
+
+def check_ids(ids: Iterable[int]) -> IdList:
+    """Job ids, at most 10,000 at once, each checked, duplicates dropped."""
+    if isinstance(ids, str | bytes):
+        raise InvalidArgument("ids must be a list of job ids, not a string")
+    checked = sorted({check_id(value) for value in ids})
+    if not checked:
+        raise InvalidArgument("give at least one job id")
+    if len(checked) > 10_000:
+        raise InvalidArgument("at most 10,000 job ids at once; use a filter action for more")
+    return checked
+
+
+def parse_cursor(value: Any) -> int:
+    """The id a page cursor stands for."""
+    if isinstance(value, str) and value.isdigit() and 0 < int(value) < 2**63:
+        return int(value)
+    raise InvalidArgument("after must be the next cursor of a previous page")
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgument(f"{name} must be a non-empty string")
+    return value
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def ids_of(values: Sequence[Any]) -> IdList:
+    """Job ids given as text (CLI, forms): each a positive integer."""
+    out = []
+    for value in values:
+        text = str(value).strip()
+        if not text.isdigit():
+            raise InvalidArgument(f"job id must be a positive integer, not {text[:40]!r}")
+        out.append(check_id(int(text)))
+    return out

@@ -1,0 +1,290 @@
+"""The console in a real browser: headless Chromium (Debian's package) driven by Playwright.
+
+Screenshots of every step land in ``artifacts/console/`` (kept by CI as test artifacts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api_sender import create_pool
+from tests.support.postgres import create_database, drop_database, with_database
+from tests.support.processes import ROOT, Daemon, run_cli, start_daemon
+from tests.support.queues import make_queue
+from tests.usage.conftest import fetch as _fetch
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("console-browser")]
+
+ADMIN = "console-admin-token"
+VIEWER = "console-viewer-token"
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "artifacts" / "console"
+#: The flags a root, offline, headless Chromium needs here (no sandbox as root; no calls home).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+XSS_DATA = {"note": "<script>alert('data')</script>", "img": "<img src=x onerror=alert('d2')>"}
+XSS_ERROR = "Error: <img src=x onerror=alert('error')><script>alert('e2')</script>"
+
+
+def fetch(url: str, query: str, *args: Any) -> list[Any]:
+    """One query, run on a thread of its own: Playwright's sync API keeps an event loop
+    running on the test's thread, where asyncio.run refuses to start another."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_fetch, url, query, *args).result()
+
+
+def _browser_or_skip() -> Any:
+    """Playwright's sync API and Debian's Chromium; under CI=true a missing one fails."""
+    missing = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing = "playwright (pip install -e '.[test]')"
+    if missing is None and not (Path(CHROMIUM).exists() or shutil.which("chromium")):
+        missing = "chromium (apt-get install chromium)"
+    if missing is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the console browser tests need {missing}, and CI must run them")
+        pytest.skip(f"needs {missing}")
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
+    """An installed database with queue ``reports`` holding failed jobs and a hostile job."""
+    name = asyncio.run(create_database(admin_url, template_name))
+    url = with_database(admin_url, name)
+    assert run_cli(url, "migrate").returncode == 0
+
+    async def prepare() -> None:
+        pool = await create_pool(url, max_size=1)
+        try:
+            await make_queue(pool, "reports", retry_limit=0)
+            await make_queue(pool, "emails")
+        finally:
+            await pool.close()
+
+    asyncio.run(prepare())
+    try:
+        yield url
+    finally:
+        asyncio.run(drop_database(admin_url, name))
+
+
+def insert_job(url: str, queue: str, state: str, data: Any, error: str | None = None) -> int:
+    """A job row in ``state`` (finished now when terminal), with ``error`` as its last error."""
+    output = json.dumps({"error": error}) if error is not None else None
+    rows = fetch(
+        url,
+        "INSERT INTO jobs.job (queue, data, state, retry_limit, retry_count, retry_delay,"
+        " retry_backoff, expire_seconds, completed_at, output, attempt) VALUES ($1,"
+        " $2::text::jsonb, $3::text::jobs.job_state, 0, 1, 0, false, 60,"
+        " CASE WHEN $3 IN ('completed', 'failed', 'cancelled') THEN now() END,"
+        " $4::text::jsonb, 1) RETURNING id",
+        queue,
+        json.dumps(data),
+        state,
+        output,
+    )
+    return int(rows[0]["id"])
+
+
+@pytest.fixture(scope="module")
+def console(shared_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """An api process serving the console, job data shown (to prove it is escaped)."""
+    daemon = start_daemon(
+        shared_db,
+        tmp_path_factory.mktemp("console"),
+        role="api",
+        env={"ADMIN_TOKEN": ADMIN, "CONSOLE_VIEW_TOKEN": VIEWER, "ADMIN_SHOW_DATA": "true"},
+        name="console",
+    )
+    try:
+        daemon.wait_ready(60)
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for the module."""
+    sync_playwright = _browser_or_skip()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def session(browser: Any, token: str) -> tuple[Any, Any, list[str]]:
+    """A browser context logged in with ``token`` (HTTP Basic), a page, and the dialogs seen
+    on it (Playwright would otherwise dismiss them silently)."""
+    context = browser.new_context(
+        http_credentials={"username": "ops", "password": token},
+        viewport={"width": 1280, "height": 860},
+    )
+    page = context.new_page()
+    dialogs: list[str] = []
+
+    def on_dialog(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    return context, page, dialogs
+
+
+def shot(page: Any, name: str) -> None:
+    """Save a full-page screenshot as a test artifact."""
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_admin_filters_failed_jobs_and_retries_them_through_the_confirmation(
+    console: Daemon, shared_db: str, browser: Any
+) -> None:
+    """Log in, open the overview, filter the failed jobs of a queue, retry them all through the
+    confirmation page (which shows the count first): the database shows them waiting."""
+    failed = [
+        insert_job(shared_db, "reports", "failed", {"n": n}, "TimeoutError: hub") for n in range(3)
+    ]
+    insert_job(shared_db, "emails", "completed", {"to": "a@example.com"})
+    insert_job(shared_db, "emails", "failed", {"to": "b@example.com"}, "SMTP 550")
+    context, page, dialogs = session(browser, ADMIN)
+    try:
+        page.goto(console.url("/console/"))
+        assert page.title().startswith("Queues")
+        assert page.locator("td", has_text="reports").count() >= 1
+        assert page.locator("svg.chart").count() == 1
+        shot(page, "overview")
+        page.click("text=Jobs")
+        page.select_option("select[name=queue]", "reports")
+        page.select_option("select[name=state]", "failed")
+        page.click("button:has-text('Filter')")
+        rows = page.locator("tbody tr")
+        assert rows.count() == 3
+        shot(page, "failed-jobs")
+        page.click("text=Retry all matching")
+        assert "This will retry 3 jobs" in page.inner_text(".notice")
+        shot(page, "confirm-retry")
+        assert [
+            r["s"]
+            for r in fetch(
+                shared_db, "SELECT state::text AS s FROM jobs.job WHERE id = ANY($1)", failed
+            )
+        ] == ["failed"] * 3
+        page.click("button:has-text('Yes, retry 3')")
+        assert "3 job(s) changed" in page.inner_text(".notice")
+        shot(page, "retried")
+    finally:
+        context.close()
+    states = fetch(shared_db, "SELECT state::text AS s FROM jobs.job WHERE id = ANY($1)", failed)
+    assert [r["s"] for r in states] == ["retry"] * 3
+    [row] = fetch(
+        shared_db,
+        "SELECT actor_via, principal, action, metadata::text AS m FROM public.audit_log"
+        " WHERE action = 'job.retry' ORDER BY id DESC LIMIT 1",
+    )
+    assert (row["actor_via"], row["principal"], row["action"]) == ("console", "admin", "job.retry")
+    assert json.loads(row["m"])["count"] == 3
+    assert dialogs == []
+
+
+def test_hostile_data_and_errors_show_as_text_and_never_run(
+    console: Daemon, shared_db: str, browser: Any
+) -> None:
+    """A job whose data and error hold <script> and <img onerror> shows them as text on the job
+    page and the list; no script runs (no dialog), and no such element enters the page."""
+    job_id = insert_job(shared_db, "reports", "failed", XSS_DATA, XSS_ERROR)
+    context, page, dialogs = session(browser, ADMIN)
+    try:
+        page.goto(console.url(f"/console/jobs/{job_id}"))
+        text = page.inner_text("main")
+        assert XSS_ERROR in text
+        assert XSS_DATA["note"] in text
+        assert page.locator("main script").count() == 0
+        assert page.locator("main img").count() == 0
+        shot(page, "hostile-job")
+        page.goto(console.url("/console/jobs?queue=reports&state=failed"))
+        assert page.locator("main img").count() == 0
+        page.wait_for_timeout(300)
+    finally:
+        context.close()
+    assert dialogs == []
+
+
+def test_the_view_token_sees_no_actions_and_a_forged_post_is_refused(
+    console: Daemon, shared_db: str, browser: Any
+) -> None:
+    """A viewer sees the pages without any action button, and a POST made with the viewer's
+    credentials (even with a valid-looking form) is refused; nothing changes."""
+    job_id = insert_job(shared_db, "reports", "failed", {"n": 1}, "boom")
+    context, page, _ = session(browser, VIEWER)
+    try:
+        page.goto(console.url(f"/console/jobs/{job_id}"))
+        assert "read only" in page.inner_text("header")
+        assert page.locator("main a.button, main button").count() == 0
+        page.goto(console.url("/console/jobs?queue=reports"))
+        assert page.locator("text=all matching").count() == 0
+        shot(page, "viewer-job-list")
+        forged = page.request.post(
+            console.url("/console/act"),
+            form={"kind": "job", "action": "retry", "id": str(job_id), "csrf": "1.x"},
+            headers={"Origin": console.url("")},
+        )
+        assert forged.status == 403
+    finally:
+        context.close()
+    assert (
+        fetch(shared_db, "SELECT state::text AS s FROM jobs.job WHERE id = $1", job_id)[0]["s"]
+        == "failed"
+    )
+
+
+def test_a_post_without_a_valid_csrf_token_or_from_another_origin_is_refused(
+    console: Daemon, shared_db: str, browser: Any
+) -> None:
+    """With the admin's credentials, a POST lacking the form's token, or carrying one but sent
+    from another origin, is refused and changes nothing."""
+    job_id = insert_job(shared_db, "reports", "failed", {"n": 2}, "boom")
+    context, page, _ = session(browser, ADMIN)
+    try:
+        page.goto(console.url(f"/console/confirm?kind=job&action=retry&id={job_id}"))
+        token = page.get_attribute("input[name=csrf]", "value")
+        own = console.url("").rstrip("/")
+        no_token = page.request.post(
+            console.url("/console/act"),
+            form={"kind": "job", "action": "retry", "id": str(job_id)},
+            headers={"Origin": own},
+        )
+        assert no_token.status == 403
+        elsewhere = page.request.post(
+            console.url("/console/act"),
+            form={"kind": "job", "action": "retry", "id": str(job_id), "csrf": token},
+            headers={"Origin": "https://evil.example"},
+        )
+        assert elsewhere.status == 403
+    finally:
+        context.close()
+    assert (
+        fetch(shared_db, "SELECT state::text AS s FROM jobs.job WHERE id = $1", job_id)[0]["s"]
+        == "failed"
+    )
