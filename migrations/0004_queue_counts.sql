@@ -20,13 +20,15 @@
 -- pile up only under contention or from the paths below; maintenance folds them
 -- (job_count_compact). The updated column n is not indexed, so every change is a HOT update
 -- that page pruning reclaims without VACUUM; fillfactor 20 leaves room on the page for that.
+--
+-- Safe to run again (the recount at the end makes the counters exact whatever they held).
 
-CREATE TABLE job_count (
+CREATE TABLE IF NOT EXISTS job_count (
     queue text NOT NULL,
     state job_state NOT NULL CHECK (state > 'active'),
     n     bigint NOT NULL
 ) WITH (fillfactor = 20);
-CREATE INDEX job_count_key ON job_count (queue, state);
+CREATE INDEX IF NOT EXISTS job_count_key ON job_count (queue, state);
 
 -- Adds n jobs to (queue, state). Under READ COMMITTED it updates a row no other transaction
 -- holds: the lock is taken in one statement and the update made in the next, whose snapshot
@@ -34,7 +36,7 @@ CREATE INDEX job_count_key ON job_count (queue, state);
 -- be locked yet not updated). Under REPEATABLE READ or SERIALIZABLE, locking a row another
 -- transaction changed since the snapshot raises a serialization failure, so those transactions
 -- always add a row of their own.
-CREATE FUNCTION job_count_add(q text, s job_state, d bigint) RETURNS void
+CREATE OR REPLACE FUNCTION job_count_add(q text, s job_state, d bigint) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     slot tid;
@@ -58,7 +60,7 @@ $$;
 -- UPDATE and DELETE on job, once per statement: the net change per (queue, finished state)
 -- between the rows before (old_jobs) and after (new_jobs). A claim or a hand-back changes no
 -- finished state and writes nothing.
-CREATE FUNCTION job_count_changed() RETURNS trigger
+CREATE OR REPLACE FUNCTION job_count_changed() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     d record;
@@ -89,7 +91,7 @@ $$;
 -- waiting jobs): once per such row, so a send pays only the WHEN test. It adds a row of its
 -- own rather than updating one: one transaction updating one row many times would make every
 -- later lookup walk all the versions it left.
-CREATE FUNCTION job_count_inserted() RETURNS trigger
+CREATE OR REPLACE FUNCTION job_count_inserted() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     INSERT INTO job_count (queue, state, n) VALUES (NEW.queue, NEW.state, 1);
@@ -97,7 +99,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION job_count_truncated() RETURNS trigger
+CREATE OR REPLACE FUNCTION job_count_truncated() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     DELETE FROM job_count;
@@ -105,6 +107,10 @@ BEGIN
 END
 $$;
 
+DROP TRIGGER IF EXISTS job_count_update ON job;
+DROP TRIGGER IF EXISTS job_count_delete ON job;
+DROP TRIGGER IF EXISTS job_count_insert ON job;
+DROP TRIGGER IF EXISTS job_count_truncate ON job;
 CREATE TRIGGER job_count_update AFTER UPDATE ON job
     REFERENCING OLD TABLE AS old_jobs NEW TABLE AS new_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION job_count_changed();
@@ -120,7 +126,7 @@ CREATE TRIGGER job_count_truncate AFTER TRUNCATE ON job
 -- rows a writer holds right now (they are folded next time). Locks in one statement, deletes in
 -- the next (see job_count_add), and checks that it deleted exactly what it locked. Returns the
 -- number of rows removed. Run by maintenance; any number of callers may run it at once.
-CREATE FUNCTION job_count_compact(keep integer DEFAULT 4) RETURNS bigint
+CREATE OR REPLACE FUNCTION job_count_compact(keep integer DEFAULT 4) RETURNS bigint
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     k record;
@@ -159,7 +165,7 @@ $$;
 -- transaction writing job to end and holds off new writes until this one commits (reads go on),
 -- so no change can fall between the count and the triggers. Takes as long as counting the
 -- retained rows (seconds for millions); returns the number of finished jobs counted.
-CREATE FUNCTION job_count_reset() RETURNS bigint
+CREATE OR REPLACE FUNCTION job_count_reset() RETURNS bigint
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     total bigint;
