@@ -395,18 +395,34 @@ async def test_maintenance_compacts_when_it_prunes(pool: asyncpg.Pool) -> None:
     await assert_exact(pool)
 
 
-async def test_the_counter_table_stays_one_page_through_many_completions(
+#: Whether some other session of the cluster still holds a snapshot older than transaction $1:
+#: then no row version that died since could be pruned, in any database (the server's
+#: visibility horizon is cluster-wide until it is recomputed), and the size says nothing.
+_HELD_BACK = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_stat_activity
+    WHERE pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
+      AND age(backend_xmin) > txid_current() - $1)
+"""
+
+
+async def test_the_counter_table_stays_small_through_many_completions(
     pool: asyncpg.Pool, sender: Sender
 ) -> None:
-    """300 completions, each its own transaction, leave job_count at one page without VACUUM:
-    every counter change is a HOT update that page pruning reclaims."""
+    """1,000 completions, each its own transaction, leave job_count within two pages without
+    VACUUM (with pruning held back it takes seven): every counter change is a HOT update that
+    page pruning reclaims. Skipped when a session of the shared server held a snapshot older than
+    the test all along."""
     await make_queue(pool, "q")
-    await sender.send_many("q", [{} for _ in range(300)])
+    await sender.send_many("q", [{} for _ in range(1000)])
     store = JobStore(pool, SQL, uuid.uuid4())
-    for _ in range(300):
+    start = await pool.fetchval("SELECT txid_current()")
+    for _ in range(1000):
         await store.complete(await store.claim("q", 1))
-    assert (await counter_sums(pool))[("q", "completed")] == 300
-    assert await pool.fetchval("SELECT pg_relation_size('jobs.job_count')") == 8192
+    assert (await counter_sums(pool))[("q", "completed")] == 1000
+    if await pool.fetchval(_HELD_BACK, start):
+        pytest.skip("a session older than the test held back pruning throughout")
+    assert await pool.fetchval("SELECT pg_relation_size('jobs.job_count')") <= 2 * 8192
 
 
 async def test_truncate_clears_the_counters(pool: asyncpg.Pool) -> None:
