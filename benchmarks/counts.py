@@ -135,12 +135,14 @@ async def fill_retained(url: str) -> FillResult:
     try:
         started = time.perf_counter()
         async with conn.transaction():
-            # The counting triggers count row by row on INSERT; a bulk fill is counted once
-            # below instead, as a restore would be.
-            await conn.execute("SET LOCAL session_replication_role = replica")
+            # The counting trigger counts inserted finished jobs row by row; a bulk fill is
+            # counted once below instead, as a restore would be. Transactional: no other
+            # session ever sees the trigger off.
+            await conn.execute("ALTER TABLE jobs.job DISABLE TRIGGER job_count_insert")
             await conn.execute(FILL_WAITING, WAITING, RETAINED_QUEUES)
             await conn.execute(FILL_ACTIVE, ACTIVE, RETAINED_QUEUES, HOLDER)
             await conn.execute(FILL_FINISHED, RETAINED - WAITING - ACTIVE, FINISHED_QUEUES)
+            await conn.execute("ALTER TABLE jobs.job ENABLE TRIGGER job_count_insert")
         filled = time.perf_counter()
         recounted = await conn.fetchval("SELECT jobs.job_count_reset()")
         recount = time.perf_counter() - filled

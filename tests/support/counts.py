@@ -72,12 +72,15 @@ async def _connection(db: Any) -> AsyncIterator[asyncpg.Connection]:
 async def add_finished_jobs(
     db: Any, queue: str, n: int, *, state: str = "completed", schema: str = "jobs"
 ) -> None:
-    """Insert ``n`` finished jobs in one statement with the counting triggers off (as a bulk
-    restore would), then recount the counters exactly, as migration 0004 does on a database
-    that already holds jobs. Without the recount function (older schemas) only inserts."""
+    """Insert ``n`` finished jobs in one statement with the per-row counting trigger off (as a
+    bulk restore would), then recount the counters exactly, as migration 0004 does on a database
+    that already holds jobs. On a schema without the counters (before 0004) only inserts."""
     async with _connection(db) as conn:
+        reset = f"{schema}.job_count_reset"
+        counted = await conn.fetchval("SELECT to_regproc($1) IS NOT NULL", reset)
         async with conn.transaction():
-            await conn.execute("SET LOCAL session_replication_role = replica")
+            if counted:  # transactional: no other session ever sees the trigger off
+                await conn.execute(f"ALTER TABLE {schema}.job DISABLE TRIGGER job_count_insert")
             await conn.execute(
                 f"""INSERT INTO {schema}.job (queue, state, data, retry_limit, retry_delay,
                         retry_backoff, expire_seconds, started_at, completed_at, attempt)
@@ -88,5 +91,7 @@ async def add_finished_jobs(
                 state,
                 n,
             )
-        if await conn.fetchval("SELECT to_regproc($1) IS NOT NULL", f"{schema}.job_count_reset"):
+            if counted:
+                await conn.execute(f"ALTER TABLE {schema}.job ENABLE TRIGGER job_count_insert")
+        if counted:
             await conn.fetchval(f"SELECT {schema}.job_count_reset()")
