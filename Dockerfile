@@ -1,18 +1,20 @@
-# syntax=docker/dockerfile:1
-#
 # chassis-worker: one image for every role (SERVICE_ROLE=api|worker|all) and for `migrate`.
 #
 #   docker build -t chassis-worker .
-#   docker run --rm -e DATABASE_URL=postgresql://... -p 8080:8080 chassis-worker
+#   docker run --rm -e DATABASE_URL=postgresql://... -p 127.0.0.1:8080:8080 chassis-worker
 #
-# Stage 1 builds wheels of the project and of every dependency; stage 2 installs them from that
-# directory only (no index, no compiler), so the final image carries no build tools.
+# Stage 1 installs the project and every dependency into a virtualenv at /opt/chassis; stage 2
+# copies that one directory onto a fresh base, so the final image carries no build tools, no
+# sources and no wheels. Plain Dockerfile instructions only (no `# syntax` line, no RUN --mount):
+# the legacy builder, `docker-compose` 1.x and BuildKit all build it, and no frontend is fetched.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# The same path in both stages: the venv's scripts name its interpreter in their #! line.
+RUN python -m venv /opt/chassis
 WORKDIR /src
 # Everything the wheel is made of (pyproject.toml): the metadata, the readme hatch reads, both
 # packages, and migrations/ which hatch force-includes as worker/_migrations.
@@ -20,23 +22,25 @@ COPY pyproject.toml README.md ./
 COPY api_sender ./api_sender
 COPY worker ./worker
 COPY migrations ./migrations
-RUN pip wheel --wheel-dir /wheels .
+RUN /opt/chassis/bin/pip install .
 
 FROM ${PYTHON_IMAGE} AS runtime
-ENV PYTHONDONTWRITEBYTECODE=1 \
+# The venv first on PATH: `chassis-worker` and `python` are its own, and a `pip install` in an
+# image built FROM this one (TOOL_JOBS packages) lands next to chassis-worker.
+ENV PATH=/opt/chassis/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HTTP_HOST=0.0.0.0 \
     HTTP_PORT=8080 \
     LOG_FORMAT=json
-# The wheels are bind-mounted from the build stage, so they never become a layer of this image.
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels chassis-worker \
-    && groupadd --system --gid 10001 chassis \
+RUN groupadd --system --gid 10001 chassis \
     && useradd --system --uid 10001 --gid chassis --home-dir /app --shell /usr/sbin/nologin chassis \
     && mkdir -p /app \
     && chown chassis:chassis /app
+# Owned by root: the service user can run the code but not change it.
+COPY --from=build /opt/chassis /opt/chassis
 WORKDIR /app
 USER 10001:10001
 EXPOSE 8080

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest bench drills clean
+.PHONY: install run test lint typecheck pytest deploy-test bench drills clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/pytest -n 4 --dist loadgroup -q -p no:cacheprovider -m "not server_restart"
+	$(BIN)/pytest -n 4 --dist loadgroup -q -p no:cacheprovider -m "not server_restart and not deploy"
+
+## The image built and compose.yaml run for real (tests/deploy/test_stack.py) on the Docker daemon
+## of DOCKER_HOST; `bash .ci/deploy` starts a daemon of its own for it.
+deploy-test: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m deploy tests/deploy/test_stack.py
 
 ## Benchmarks: figures and ratios against pgqueuer, measured side by side.
 bench: $(STAMP)

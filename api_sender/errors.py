@@ -20,4 +20,12 @@ class QueueNotFound(SenderError, LookupError):
 
 
 class InvalidJob(SenderError, ValueError):
-    """A job's payload or options cannot be enqueued; the message names the field."""
+    """A job's payload or options cannot be enqueued; the message names the field.
+
+    ``field`` is that name alone (``priority``, ``data.items.3.name``), or ``None`` when no
+    single field is at fault, so an HTTP or CLI front end can report it without parsing text.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field

@@ -7,8 +7,10 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from ulid import ULID
+
+from .storable import find_unstorable, instant_problem, text_problem
 
 #: Crockford base32, 26 characters, first character at most 7 (128 bits).
 _ULID_ALPHABET = frozenset("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
@@ -16,6 +18,8 @@ _ULID_ALPHABET = frozenset("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
 )
+#: How deep dimensions may nest: they are labels, and the hub receives them as they are.
+DIMENSIONS_DEPTH = 32
 
 
 def new_ulid() -> str:
@@ -40,6 +44,9 @@ def parse_timestamp(value: Any, name: str = "timestamp") -> datetime:
         raise ValueError(f"{name} must be an RFC 3339 timestamp")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{name} must carry a timezone offset")
+    problem = instant_problem(value)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
     return value
 
 
@@ -76,6 +83,14 @@ class UsageEvent(BaseModel):
             if value is not None:
                 data[name] = value
         super().__init__(**data)
+
+    @field_validator("meter", "workspace_id")
+    @classmethod
+    def _text_is_storable(cls, value: str, info: ValidationInfo) -> str:
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(f"{info.field_name} {problem}")
+        return value
 
     @field_validator("id", mode="before")
     @classmethod
@@ -114,8 +129,16 @@ class UsageEvent(BaseModel):
     @field_validator("dimensions", mode="before")
     @classmethod
     def _dimensions_is_object(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, dict):
+        if value is None:
+            return value
+        if not isinstance(value, dict):
             raise ValueError("dimensions must be an object")
+        # Walked whole: a value the queue cannot store would fail the send, after the caller
+        # was told the event is fine (emit never raises; ingest would answer 500).
+        found = find_unstorable(value, "dimensions", max_depth=DIMENSIONS_DEPTH)
+        if found is not None:
+            path, problem = found
+            raise ValueError(f"{path} {problem}")
         return value
 
     def to_job_data(self) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeAlias
@@ -11,7 +10,7 @@ import asyncpg
 
 from ._schema import check_schema_name
 from .errors import InvalidJob, QueueNotFound
-from .options import SendOptions, StartAfter, encode_data
+from .options import SendOptions, StartAfter, check_text, encode_all, encode_data
 from .pool import create_pool
 from .sql import SenderStatements, render
 from .timers import Timers
@@ -123,7 +122,7 @@ class Sender:
         connection: asyncpg.Connection | None = None,
     ) -> int | None:
         """Like :meth:`send`, with the options given as one :class:`SendOptions` value."""
-        _check_queue_name(queue)
+        check_text("queue", queue, optional=False)
         payload = encode_data(data)
         executor: Executor = connection if connection is not None else self._pool
         row = await executor.fetchrow(self._sql.send, queue, payload, *options.args())
@@ -178,8 +177,8 @@ class Sender:
         connection: asyncpg.Connection | None = None,
     ) -> list[int]:
         """Like :meth:`send_many`, with the shared options given as one :class:`SendOptions`."""
-        _check_queue_name(queue)
-        payloads = _encode_all(items)
+        check_text("queue", queue, optional=False)
+        payloads = encode_all(items)
         keys = _check_keys(singleton_keys, len(payloads))
         if not payloads:
             return []
@@ -229,38 +228,19 @@ class _Connecting:
             await self._sender.close()
 
 
-#: What ``encode_data`` builds on every call, built once: ``send_many`` encodes thousands.
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-
-
-def _encode_all(items: Iterable[Any]) -> list[str]:
-    """``encode_data`` of every item (same text, same errors), without an encoder per item."""
-    items = items if isinstance(items, list | tuple) else list(items)
-    encode = _ENCODER.encode
-    try:
-        return [encode(item) for item in items]
-    except (TypeError, ValueError):
-        # Let encode_data raise its InvalidJob for the first item that cannot be encoded.
-        for item in items:
-            encode_data(item)
-        raise
-
-
-def _check_queue_name(queue: str) -> None:
-    if not isinstance(queue, str) or not queue:
-        raise InvalidJob("queue must be a non-empty string")
-
-
 def _check_keys(keys: Sequence[str | None] | None, count: int) -> list[str | None] | None:
     """The per-item singleton keys as a statement parameter, validated against the item count."""
     if keys is None:
         return None
     if isinstance(keys, str):
-        raise InvalidJob("singleton_keys must be a sequence of keys, not a string")
+        raise InvalidJob(
+            "singleton_keys must be a sequence of keys, not a string", "singleton_keys"
+        )
     checked = list(keys)
     if len(checked) != count:
-        raise InvalidJob(f"singleton_keys has {len(checked)} entries for {count} items")
-    for key in checked:
-        if key is not None and (not isinstance(key, str) or not key):
-            raise InvalidJob("each of singleton_keys must be a non-empty string or None")
+        raise InvalidJob(
+            f"singleton_keys has {len(checked)} entries for {count} items", "singleton_keys"
+        )
+    for n, key in enumerate(checked):
+        check_text(f"singleton_keys.{n}", key)
     return checked

@@ -90,9 +90,20 @@ SELECT EXISTS (SELECT 1 FROM q) AS queue_found,
 """
 
 _CANCEL_TIMER = """
--- timers.cancel: the pending timer of (queue, key), if any, becomes cancelled.
+-- timers.cancel (and the first half of a replace): the timer of (queue, key) that has not
+-- finished, if any, becomes cancelled, whether it waits (created, retry) or runs (active). A
+-- running one keeps running to its end, but every outcome its worker writes (complete, fail,
+-- hand back) and every rescue is fenced on state = 'active', so it matches nothing: the timer
+-- never runs again and never goes back to retry beside its replacement. A concurrent outcome
+-- write holds the row lock; this UPDATE waits for it and re-checks the row's new state, so a
+-- timer that just went to retry is cancelled too and one that just completed is left alone.
+-- The states are spelled out one by one so each finds a partial index (a BitmapOr): created
+-- through job_timer_key (queue, key), retry through job_fetch (the queue's waiting entries, as
+-- before), active through job_active (the small running set); "state <= 'active'" matches no
+-- partial index and reads the whole table.
 UPDATE {s}.job SET state = 'cancelled', completed_at = now()
-WHERE queue = $1 AND singleton_key = $2 AND is_timer AND state IN ('created', 'retry')
+WHERE queue = $1 AND singleton_key = $2 AND is_timer
+  AND (state = 'created' OR state = 'retry' OR state = 'active')
 RETURNING id
 """
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from .errors import InvalidJob, QueueNotFound
-from .options import encode_data, split_start_after
+from .options import check_text, encode_data, split_start_after
 
 if TYPE_CHECKING:
     from .sender import Sender
@@ -32,14 +32,18 @@ class Timers:
     ) -> int:
         """Schedule a timer at ``at`` (or after ``delay_seconds``) and return its job id.
 
-        With ``key``, the pending timer with that key on that queue (if any) is cancelled in the
-        same transaction: however many replace one key at once, exactly one stays pending.
+        With ``key``, the timer with that key on that queue that has not finished (waiting, or
+        running right now) is cancelled in the same transaction: however many replace one key at
+        once, exactly one stays pending, and a replaced timer never runs again.
         """
         if (at is None) == (delay_seconds is None):
-            raise InvalidJob("give exactly one of at= and delay_seconds=")
-        delay, instant = split_start_after(at if at is not None else delay_seconds)
-        if key is not None and (not isinstance(key, str) or not key):
-            raise InvalidJob("key must be a non-empty string or None")
+            raise InvalidJob("give exactly one of at= and delay_seconds=", "at")
+        check_text("queue", queue, optional=False)
+        if at is not None:
+            delay, instant = split_start_after(at, "at")
+        else:
+            delay, instant = split_start_after(delay_seconds, "delay_seconds")
+        check_text("key", key)
         payload = encode_data(data)
         if connection is not None:
             return await self._replace(connection, queue, payload, key, instant, delay)
@@ -85,7 +89,13 @@ class Timers:
     async def cancel(
         self, queue: str, key: str, *, connection: asyncpg.Connection | None = None
     ) -> bool:
-        """Cancel the pending timer ``key`` on ``queue``; ``False`` when none was pending."""
+        """Cancel the timer ``key`` on ``queue``; ``False`` when none was pending.
+
+        Pending means not finished: a timer that is running is cancelled too (its handler runs
+        to its end, but it is never retried or run again), as a replace would.
+        """
+        check_text("queue", queue, optional=False)
+        check_text("key", key, optional=False)
         executor = connection if connection is not None else self._sender.pool
         rows = await executor.fetch(self._sender.statements.cancel_timer, queue, key)
         return bool(rows)

@@ -45,7 +45,13 @@ EMIT_TASKS = 16
 def _body(n: int) -> dict[str, object]:
     return {
         "events": [
-            {"meter": "api.calls", "quantity": i, "workspace_id": f"w{i % 13}"} for i in range(n)
+            {
+                "meter": "api.calls",
+                "quantity": i,
+                "workspace_id": f"w{i % 13}",
+                "occurred_at": "2026-01-01T00:00:00Z",
+            }
+            for i in range(n)
         ]
     }
 

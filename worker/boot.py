@@ -8,10 +8,11 @@ from typing import TypeVar
 import anyio
 import asyncpg
 import structlog
+from anyio.abc import TaskGroup
 
 from api_sender import Sender
 
-from .db.connections import TRANSIENT_ERRORS, backoff_delay, open_pool
+from .db.connections import TRANSIENT_ERRORS, backoff_delay, check_pool_fits, open_pool
 from .db.embedded import start_embedded
 from .db.migrations import SchemaMismatch, latest_version
 from .declarations import JobDeclaration
@@ -19,9 +20,10 @@ from .http.app import create_app
 from .http.server import HttpServer
 from .install import install
 from .jobs.registry import installed_jobs
+from .jobs.spec import InstalledJob
 from .queue.sql import render
 from .runtime import WorkerRuntime
-from .settings import Settings
+from .settings import ConfigError, Settings
 from .signals import StopRequest, watch_signals
 from .state import ServiceState
 
@@ -41,20 +43,37 @@ async def database_url(settings: Settings) -> str:
 
 
 async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
-    """Run the daemon until a signal; return the exit code."""
-    url = await database_url(settings)
+    """Run the daemon until a signal; return the exit code.
+
+    Signals are watched from the first instant: a stop during boot (waiting for the embedded
+    server, an unreachable database, another replica's install lock) ends the process at once
+    with exit 0, whatever boot was waiting for; once booted, a stop drains gracefully.
+    """
     state = ServiceState(settings)
     stop = StopRequest()
-    server = HttpServer(create_app(state), settings.http_host, settings.http_port)
+    server = HttpServer(
+        create_app(state),
+        settings.http_host,
+        settings.http_port,
+        header_timeout=settings.http_header_timeout_seconds,
+        body_timeout=settings.http_body_timeout_seconds,
+    )
+    jobs = installed_jobs(settings, tools) if settings.is_worker else []
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_signals, stop)
         await tg.start(server.run)
         log.info("boot.started", role=settings.service_role, schema=settings.jobs_schema)
         try:
-            if settings.is_worker:
-                await _run_worker(settings, url, state, tools, stop)
-            else:
-                await _run_api(settings, url, state, stop)
+            booted = await _unless_stopped(stop, tg, lambda: _boot(settings, state, jobs))
+            if booted is not None:
+                url, pool = booted
+                state.pool = pool
+                sender = Sender(pool, schema=settings.jobs_schema, usage_retry=settings.usage_retry)
+                state.sender = sender
+                if settings.is_worker:
+                    await _serve_worker(settings, url, pool, sender, state, jobs, stop)
+                else:
+                    await _serve_api(settings, pool, state, stop)
         finally:
             server.stop()
             if state.pool is not None:
@@ -65,6 +84,44 @@ async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
     return 0
 
 
+async def _unless_stopped(
+    stop: StopRequest, tg: TaskGroup, step: Callable[[], Awaitable[T]]
+) -> T | None:
+    """``step``'s result, or ``None`` when a stop comes first: ``step`` is then cancelled
+    wherever it waits (a connect, a backoff sleep, a lock, a thread)."""
+    with anyio.CancelScope() as scope:
+
+        async def cancel_on_stop() -> None:
+            await stop.requested.wait()
+            scope.cancel()
+
+        tg.start_soon(cancel_on_stop)
+        return await step()
+    return None
+
+
+async def _boot(
+    settings: Settings, state: ServiceState, jobs: list[InstalledJob]
+) -> tuple[str, asyncpg.Pool]:
+    """Reach the database (the embedded server if DATABASE_URL is unset), install when this role
+    installs, and open the pool."""
+    url = await database_url(settings)
+    if settings.is_worker:
+        state.set_reason("installing")
+
+        async def install_once() -> None:
+            await install(
+                url,
+                settings.jobs_schema,
+                jobs,
+                cron_tz=settings.cron_tz,
+                lock_timeout=settings.install_lock_timeout_seconds,
+            )
+
+        await _until_reachable(install_once, "install.retry", state)
+    return url, await _connect_pool(settings, url, state)
+
+
 async def _until_stopped(stop: StopRequest, step: float) -> bool:
     """Sleep ``step`` seconds; ``True`` if a stop was requested meanwhile."""
     with anyio.move_on_after(step):
@@ -73,26 +130,25 @@ async def _until_stopped(stop: StopRequest, step: float) -> bool:
 
 
 async def _until_reachable(
-    attempt_once: Callable[[], Awaitable[T]], event: str, state: ServiceState, stop: StopRequest
-) -> T | None:
+    attempt_once: Callable[[], Awaitable[T]], event: str, state: ServiceState
+) -> T:
     """Run ``attempt_once`` until it gets through, backing off while the database is
-    unreachable (not ready, no crash loop); ``None`` if a stop comes first."""
+    unreachable (not ready, no crash loop). A URL asyncpg refuses is configuration: exit 2."""
     attempt = 0
     while True:
         try:
             return await attempt_once()
+        except asyncpg.ClientConfigurationError as exc:
+            raise ConfigError(f"invalid configuration: DATABASE_URL: {exc}") from None
         except TRANSIENT_ERRORS as exc:
             state.set_reason("database unreachable")
             delay = backoff_delay(attempt)
             attempt += 1
             log.warning(event, error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
-            if await _until_stopped(stop, delay):
-                return None
+            await anyio.sleep(delay)
 
 
-async def _connect_pool(
-    settings: Settings, url: str, state: ServiceState, stop: StopRequest
-) -> asyncpg.Pool | None:
+async def _connect_pool(settings: Settings, url: str, state: ServiceState) -> asyncpg.Pool:
     async def open_once() -> asyncpg.Pool:
         return await open_pool(
             url,
@@ -100,37 +156,30 @@ async def _connect_pool(
             statement_cache_size=settings.database_statement_cache_size,
         )
 
-    return await _until_reachable(open_once, "db.unreachable", state, stop)
+    pool = await _until_reachable(open_once, "db.unreachable", state)
+    fits = False
+    try:
+        # Behind a transaction pooler (statement cache 0, contract section 12) the pool's
+        # connections are the pooler's, not the server's: its limits do not apply.
+        if settings.database_statement_cache_size:
+            await check_pool_fits(pool, settings.database_pool_size, settings.is_worker)
+        fits = True
+    finally:
+        if not fits:
+            with anyio.move_on_after(5, shield=True):
+                await pool.close()
+    return pool
 
 
-async def _run_worker(
+async def _serve_worker(
     settings: Settings,
     url: str,
+    pool: asyncpg.Pool,
+    sender: Sender,
     state: ServiceState,
-    tools: list[JobDeclaration],
+    jobs: list[InstalledJob],
     stop: StopRequest,
 ) -> None:
-    jobs = installed_jobs(settings, tools)
-    state.set_reason("installing")
-
-    async def install_once() -> bool:
-        await install(
-            url,
-            settings.jobs_schema,
-            jobs,
-            cron_tz=settings.cron_tz,
-            lock_timeout=settings.install_lock_timeout_seconds,
-        )
-        return True
-
-    if await _until_reachable(install_once, "install.retry", state, stop) is None:
-        return
-    pool = await _connect_pool(settings, url, state, stop)
-    if pool is None:
-        return
-    state.pool = pool
-    sender = Sender(pool, schema=settings.jobs_schema, usage_retry=settings.usage_retry)
-    state.sender = sender
     runtime = WorkerRuntime(settings, url, pool, sender, jobs)
     async with anyio.create_task_group() as tg:
         await tg.start(runtime.run)
@@ -143,12 +192,9 @@ async def _run_worker(
         tg.cancel_scope.cancel()
 
 
-async def _run_api(settings: Settings, url: str, state: ServiceState, stop: StopRequest) -> None:
-    pool = await _connect_pool(settings, url, state, stop)
-    if pool is None:
-        return
-    state.pool = pool
-    state.sender = Sender(pool, schema=settings.jobs_schema, usage_retry=settings.usage_retry)
+async def _serve_api(
+    settings: Settings, pool: asyncpg.Pool, state: ServiceState, stop: StopRequest
+) -> None:
     sql = render(settings.jobs_schema)
     expected = latest_version()
     while not stop.requested.is_set():

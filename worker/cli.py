@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import structlog
 
+from .commands.failures import describe_failure, innermost
 from .logging import configure_logging
 from .settings import ConfigError, Settings, load_settings
 
@@ -19,6 +20,9 @@ log = structlog.get_logger("worker.cli")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
+
+#: How long `migrate` waits for a database that is not up yet (a server still starting).
+MIGRATE_WAIT_SECONDS = 60.0
 
 
 class UsageError(Exception):
@@ -33,7 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="boot the daemon")
     run.add_argument("--role", choices=["api", "worker", "all"], help="overrides SERVICE_ROLE")
-    sub.add_parser("migrate", help="apply migrations and install queues and schedules")
+    migrate = sub.add_parser("migrate", help="apply migrations and install queues and schedules")
+    migrate.add_argument(
+        "--wait",
+        type=float,
+        default=MIGRATE_WAIT_SECONDS,
+        metavar="SECONDS",
+        help="how long to wait for an unreachable database (0: fail at once) [60]",
+    )
     queues = sub.add_parser("queues", help="jobs per queue and state")
     queues.add_argument("--json", action="store_true", help="print JSON")
     send = sub.add_parser("send", help="enqueue one job and print its id")
@@ -63,24 +74,34 @@ def _main(argv: Sequence[str] | None) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
-    configure_logging(settings.log_level, settings.log_format)
+    # The daemon's log is its stdout; every other command keeps stdout for its output.
+    stream = sys.stdout if args.command == "run" else sys.stderr
+    configure_logging(settings.log_level, settings.log_format, stream)
     try:
         command = _command(args)
         return anyio.run(command, settings, args, backend_options={"use_uvloop": True})
-    except (ConfigError, UsageError) as exc:
-        print(str(exc), file=sys.stderr)
-        return EXIT_CONFIG
     except KeyboardInterrupt:
         return EXIT_ERROR
-    except Exception as exc:
-        from .db.migrations import SchemaMismatch
+    except Exception as raised:
+        # A refusal raised inside the daemon's task groups (the install) arrives wrapped.
+        return _report(innermost(raised), settings, args.command)
 
-        if isinstance(exc, SchemaMismatch):
-            log.error("boot.schema_mismatch", error=str(exc))
-            print(f"error: {exc}", file=sys.stderr)
-        else:
-            log.exception("boot.failed", error=f"{type(exc).__name__}: {exc}")
+
+def _report(exc: BaseException, settings: Settings, command: str) -> int:
+    """Print (and for run, log) why the command failed; return its exit code."""
+    if isinstance(exc, ConfigError | UsageError):
+        print(str(exc), file=sys.stderr)
+        return EXIT_CONFIG
+    url = settings.database_url.get_secret_value() if settings.database_url else None
+    failure = describe_failure(exc, schema=settings.jobs_schema, url=url)
+    event = "boot.failed" if command == "run" else "command.failed"
+    if failure is None:  # not a set-up fault we know: a bug, worth its traceback
+        log.error(event, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         return EXIT_ERROR
+    if command == "run":
+        log.error(event, error=failure.line)
+    print(failure.line, file=sys.stderr)
+    return failure.code
 
 
 Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]

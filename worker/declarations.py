@@ -10,6 +10,19 @@ from .settings import cron_fields
 
 Policy = Literal["standard", "short", "singleton", "stately"]
 
+#: Policies that allow one queued job per key. A dead-letter copy has no key, so a dead letter
+#: of such a policy would keep one copy and drop the others: the install refuses one.
+ONE_QUEUED_PER_KEY: tuple[Policy, ...] = ("short", "stately")
+
+
+def dead_letter_refusal(queue: str, dead_letter: str, policy: str, where: str) -> str:
+    """The one-line refusal of ``queue``'s dead letter, whose ``policy`` would drop copies."""
+    return (
+        f"invalid configuration: {where}queue {queue!r} has dead letter {dead_letter!r} of "
+        f"policy {policy!r}: dead-letter copies carry no key, so a short or stately dead letter "
+        "would keep one of them and drop the others; give it policy standard or singleton"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class JobInfo:

@@ -12,23 +12,17 @@ from importlib.metadata import PackageNotFoundError, version
 import asyncpg
 import structlog
 
-from api_sender._schema import check_schema_name
+from api_sender._schema import schedules_channel as schedules_channel  # re-exported
 
 from .db.connections import connect_with_retry
 from .db.locks import INSTALL, session_lock
 from .db.migrations import migrate
+from .declarations import dead_letter_refusal
 from .jobs.spec import InstalledJob
 from .queue.sql import QueueStatements, render
+from .settings import ConfigError
 
 log = structlog.get_logger("worker.install")
-
-#: Channel an install notifies when schedules changed, so running schedulers re-read them.
-SCHEDULES_CHANNEL_PREFIX = "chassis_schedules_"
-
-
-def schedules_channel(schema: str) -> str:
-    """The NOTIFY channel announcing schedule changes in ``schema``."""
-    return SCHEDULES_CHANNEL_PREFIX + check_schema_name(schema)
 
 
 def package_version() -> str:
@@ -46,10 +40,18 @@ async def install(
     *,
     cron_tz: str,
     lock_timeout: float,
+    connect_deadline: float | None = None,
 ) -> None:
-    """Migrate and install every queue and schedule; safe from any number of processes."""
+    """Migrate and install every queue and schedule; safe from any number of processes.
+
+    An unreachable database is retried until ``connect_deadline`` (monotonic; ``None``: for
+    as long as it takes, the daemon's way).
+    """
     conn = await connect_with_retry(
-        url, what="install", server_settings={"application_name": "chassis-worker install"}
+        url,
+        what="install",
+        deadline=connect_deadline,
+        server_settings={"application_name": "chassis-worker install"},
     )
     try:
         async with session_lock(conn, INSTALL, schema, timeout=lock_timeout):
@@ -69,28 +71,68 @@ async def install_queues(
     *,
     cron_tz: str,
 ) -> None:
-    """Create or update each queue, set or remove its schedule, mark the install done."""
+    """Create or update each queue, set or remove its schedule, mark the install done.
+
+    All or nothing: a dead letter that is not installed, or whose policy would drop copies
+    (checked against the whole database, so against other deployments' queues too), raises
+    :class:`ConfigError` and installs nothing.
+    """
     async with conn.transaction():
         changed = False
         for job in jobs:
             o = job.options
-            await conn.execute(
-                sql.upsert_queue,
-                job.queue,
-                o.policy,
-                o.retry_limit,
-                o.retry_delay,
-                o.retry_backoff,
-                o.expire_seconds,
-                o.retention_seconds,
-                o.failed_retention_seconds,
-                o.dead_letter,
-            )
+            try:
+                before = await conn.fetchrow(
+                    sql.upsert_queue,
+                    job.queue,
+                    o.policy,
+                    o.retry_limit,
+                    o.retry_delay,
+                    o.retry_backoff,
+                    o.expire_seconds,
+                    o.retention_seconds,
+                    o.failed_retention_seconds,
+                    o.dead_letter,
+                )
+            except asyncpg.ForeignKeyViolationError:
+                raise ConfigError(
+                    f"invalid configuration: queue {job.queue!r} has dead letter "
+                    f"{o.dead_letter!r}, which is not installed: declare it before {job.queue!r}"
+                ) from None
+            if before is not None and before["old_policy"] not in (None, o.policy):
+                await _apply_policy(conn, sql, job.queue, before["old_policy"], o.policy)
             if job.cron is not None:
                 touched = await conn.fetch(sql.upsert_schedule, job.queue, job.cron, cron_tz, None)
             else:
                 touched = await conn.fetch(sql.delete_schedule, job.queue)
             changed = changed or bool(touched)
+        conflicts = await conn.fetch(sql.dead_letter_conflicts, [job.queue for job in jobs])
+        if conflicts:
+            first = conflicts[0]
+            more = f" ({len(conflicts) - 1} more such queues)" if len(conflicts) > 1 else ""
+            raise ConfigError(
+                dead_letter_refusal(first["name"], first["dead_letter"], first["policy"], "") + more
+            )
         await conn.execute(sql.install_done, package_version())
         if changed:
             await conn.execute("SELECT pg_notify($1, 'changed')", schedules_channel(schema))
+
+
+async def _apply_policy(
+    conn: asyncpg.Connection, sql: QueueStatements, queue: str, old: str, new: str
+) -> None:
+    """Move the waiting jobs of ``queue`` to its new policy, where no policy index can refuse.
+
+    ``kept`` in the log line counts the jobs left as they were: several wait for one key,
+    which the new policy (short, stately) would not allow; they run as they are.
+    """
+    row = await conn.fetchrow(sql.apply_policy, queue, new)
+    assert row is not None
+    log.info(
+        "install.policy_changed",
+        queue=queue,
+        old=old,
+        new=new,
+        moved=row["moved"],
+        kept=row["kept"],
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -26,8 +26,15 @@ def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[
     return event
 
 
-def configure_logging(level: str = "info", fmt: str | None = None) -> None:
-    """Configure structlog for the process; ``fmt`` None picks json off a TTY, console on one."""
+def configure_logging(
+    level: str = "info", fmt: str | None = None, stream: TextIO | None = None
+) -> None:
+    """Configure structlog for the process; ``fmt`` None picks json when stdout is not a TTY,
+    console when it is (contract section 3).
+
+    ``stream`` is where the lines go: stdout for ``run`` (the daemon's log), stderr for every
+    other command, whose stdout carries only its output (``queues --json | jq``).
+    """
     if fmt is None:
         fmt = "console" if sys.stdout.isatty() else "json"
     renderer: structlog.typing.Processor = (
@@ -45,7 +52,7 @@ def configure_logging(level: str = "info", fmt: str | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
         cache_logger_on_first_use=False,
     )
     # Libraries that log through the standard library (uvicorn, asyncpg) stay quiet below warning.

@@ -14,6 +14,7 @@ from api_sender import Sender
 from .db.bounded import HandlerPool
 from .install import schedules_channel
 from .jobs.spec import InstalledJob, JobContext
+from .queue.availability import Availability
 from .queue.completer import Completer
 from .queue.cron import CronScheduler
 from .queue.dispatcher import Dispatcher
@@ -51,11 +52,20 @@ class WorkerRuntime:
         sql = render(schema)
         self.store = JobStore(pool, sql, self.owner)
         self.holdings = Holdings()
-        self.completer = Completer(self.store, self.holdings)
+        #: One clock of database availability for the whole process: every loop reports a
+        #: lost database, and maintenance judges other workers only after a stale interval.
+        self.availability = Availability()
+        self.completer = Completer(self.store, self.holdings, self.availability)
         handler_pool = HandlerPool(pool, settings.database_pool_size - RESERVED_CONNECTIONS)
-        context = JobContext(settings=settings, pool=handler_pool, sender=sender)
+        context = JobContext(settings=settings, pool=handler_pool, sender=sender, session_url=url)
         self.pollers = [
-            Poller(job.make_consumer(context), self.store, self.completer, self.holdings)
+            Poller(
+                job.make_consumer(context),
+                self.store,
+                self.completer,
+                self.holdings,
+                self.availability,
+            )
             for job in jobs
         ]
         width = sum(p.consumer.concurrency for p in self.pollers)
@@ -68,7 +78,12 @@ class WorkerRuntime:
                 "DATABASE_POOL_SIZE to run them all at once",
             )
         self.heartbeat = Heartbeat(
-            pool, sql, self.owner, self.holdings, interval=settings.heartbeat_seconds
+            pool,
+            sql,
+            self.owner,
+            self.holdings,
+            interval=settings.heartbeat_seconds,
+            availability=self.availability,
         )
         self.maintenance = Maintenance(
             self.store,
@@ -77,8 +92,11 @@ class WorkerRuntime:
             interval=settings.maintenance_interval_seconds,
             stale_seconds=settings.worker_stale_seconds,
             own_beat=self.heartbeat.beat_if_holding,
+            availability=self.availability,
         )
-        self.cron = CronScheduler(pool, sql, [job.queue for job in jobs])
+        self.cron = CronScheduler(
+            pool, sql, [job.queue for job in jobs], availability=self.availability
+        )
         min_retention = (
             min(
                 min(job.options.retention_seconds, job.options.failed_retention_seconds)
@@ -98,6 +116,7 @@ class WorkerRuntime:
             on_prune_due=self.maintenance.trigger_prune,
             min_retention_seconds=float(min_retention),
             extra_channels={schedules_channel(schema): self.cron.schedules_changed},
+            availability=self.availability,
         )
         self._background = anyio.CancelScope()
         self._pollers_done = anyio.Event()

@@ -11,8 +11,26 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api_sender import UsageRetry
 from api_sender._schema import check_schema_name
+from api_sender.options import MAX_START_AFTER_SECONDS
+
+from .db.urls import check_database_url
 
 Role = Literal["api", "worker", "all"]
+
+# Ranges: every value must be one the code and the database can carry (issue 10, B12).
+HOUR = 3600.0
+DAY = 86_400.0
+#: Sleeps below this are a busy loop, not a setting.
+MIN_INTERVAL_SECONDS = 0.01
+#: Retention windows are subtracted from now(): a century keeps them far inside timestamptz.
+MAX_RETENTION_DAYS = 36_500
+#: A hub request must end well inside the usage job's 900 s lease (QueueOptions.expire_seconds),
+#: or the job is rescued and posted twice while the first post still runs.
+MAX_HUB_TIMEOUT_SECONDS = 300.0
+#: Retries double from the first delay (the exponent stops at 24, queue/sql.py FAIL): a day
+#: times 2**24 is still inside timestamptz; both are int4 columns of the queue.
+MAX_USAGE_RETRY_DELAY_SECONDS = 86_400
+MAX_USAGE_RETRY_LIMIT = 1000
 
 
 class ConfigError(Exception):
@@ -44,8 +62,12 @@ class Settings(BaseSettings):
     http_port: int = Field(8080, ge=0, le=65535, description="HTTP listen port (0 picks one)")
     ingest_token: SecretStr | None = Field(None, description="bearer token for /v1/*")
     jobs_schema: str = Field("jobs", description="schema holding the queue tables")
-    audit_retention_days: int = Field(0, ge=0, description="0 keeps audit rows forever")
-    orphan_user_retention_hours: int = Field(0, ge=0, description="0 disables the orphan purge")
+    audit_retention_days: int = Field(
+        0, ge=0, le=MAX_RETENTION_DAYS, description="0 keeps audit rows forever"
+    )
+    orphan_user_retention_hours: int = Field(
+        0, ge=0, le=MAX_RETENTION_DAYS * 24, description="0 disables the orphan purge"
+    )
     superadmin_emails: str = Field("", description="comma-separated emails never orphan-purged")
     purge_cron: str = Field("0 3 * * *", description="when the nightly purges fire")
     cron_tz: str = Field("UTC", description="time zone of every cron")
@@ -53,14 +75,34 @@ class Settings(BaseSettings):
     hub_url: str | None = Field(None, description="billing hub URL (USAGE_DOWNSTREAM=http)")
     hub_client_id: str | None = Field(None, description="hub Basic-auth user")
     hub_client_secret: SecretStr | None = Field(None, description="hub Basic-auth secret")
-    hub_timeout_seconds: float = Field(10.0, gt=0, description="timeout of one hub request")
+    hub_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=MAX_HUB_TIMEOUT_SECONDS,
+        allow_inf_nan=False,
+        description="timeout of one hub request",
+    )
     usage_batch_size: int = Field(50, ge=1, le=1000, description="events per downstream batch")
-    usage_retry_limit: int = Field(10, ge=0, description="retries before a batch is held")
-    usage_retry_delay_seconds: int = Field(30, ge=0, description="first retry delay (doubles)")
-    usage_held_delay_seconds: int = Field(3600, ge=0, description="wait before a held re-drive")
+    usage_retry_limit: int = Field(
+        10, ge=0, le=MAX_USAGE_RETRY_LIMIT, description="retries before a batch is held"
+    )
+    usage_retry_delay_seconds: int = Field(
+        30, ge=0, le=MAX_USAGE_RETRY_DELAY_SECONDS, description="first retry delay (doubles)"
+    )
+    usage_held_delay_seconds: int = Field(
+        3600, ge=0, le=MAX_START_AFTER_SECONDS, description="wait before a held re-drive"
+    )
     tool_jobs: str = Field("", description="comma-separated module:attribute declaration lists")
-    poll_interval_seconds: float = Field(2.0, gt=0, description="fallback poll interval")
-    shutdown_grace_seconds: float = Field(30.0, ge=0, description="drain time on SIGTERM")
+    poll_interval_seconds: float = Field(
+        2.0,
+        ge=MIN_INTERVAL_SECONDS,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="fallback poll interval",
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, le=HOUR, allow_inf_nan=False, description="drain time on SIGTERM"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     log_format: Literal["json", "console"] | None = Field(
         None, description="json when stdout is not a TTY, else console"
@@ -68,19 +110,58 @@ class Settings(BaseSettings):
     # Beyond the contract: tuning an operator may need.
     database_pool_size: int = Field(10, ge=2, le=200, description="connections in the pool")
     database_statement_cache_size: int = Field(
-        100, ge=0, description="asyncpg prepared-statement cache; 0 behind PgBouncer"
+        100, ge=0, le=10_000, description="asyncpg prepared-statement cache; 0 behind PgBouncer"
     )
-    heartbeat_seconds: float = Field(5.0, gt=0, description="worker beat while holding jobs")
+    heartbeat_seconds: float = Field(
+        5.0,
+        ge=MIN_INTERVAL_SECONDS,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="worker beat while holding jobs",
+    )
     worker_stale_seconds: float = Field(
-        30.0, gt=0, description="a worker silent this long is dead; its jobs are rescued"
+        30.0,
+        gt=0,
+        le=DAY,
+        allow_inf_nan=False,
+        description="a worker silent this long is dead; its jobs are rescued",
     )
     maintenance_interval_seconds: float = Field(
-        30.0, gt=0, description="how often retention pruning may run"
+        30.0,
+        ge=MIN_INTERVAL_SECONDS,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="how often retention pruning may run",
     )
     install_lock_timeout_seconds: float = Field(
-        300.0, gt=0, description="how long an install waits for another replica's install"
+        300.0,
+        gt=0,
+        le=DAY,
+        allow_inf_nan=False,
+        description="how long an install waits for another replica's install",
     )
     embedded_data_dir: str = Field("./.data/postgres", description="embedded PostgreSQL data")
+    http_header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="time a client has to send request line and headers; then 408",
+    )
+    http_body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=HOUR,
+        allow_inf_nan=False,
+        description="time a client has to send a whole /v1 request body; then 408",
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_database_url(value.get_secret_value())
+        return value
 
     @field_validator("jobs_schema")
     @classmethod

@@ -140,7 +140,8 @@ def test_invalid_configuration_exits_2_with_one_line(db_url: str, tmp_path, env,
 def test_send_and_queues_commands(db_url: str, tmp_path) -> None:
     """`send` prints the new id; `queues --json` shows it waiting; bad JSON exits 2."""
     assert run_cli(db_url, "migrate", cwd=tmp_path).returncode == 0
-    sent = run_cli(db_url, "send", "usage-events", '{"id": "x"}', "--key", "k", cwd=tmp_path)
+    event = '{"meter": "m", "quantity": 1, "workspace_id": "w"}'
+    sent = run_cli(db_url, "send", "usage-events", event, cwd=tmp_path)
     assert sent.returncode == 0, sent.stderr
     job_id = int(sent.stdout.strip())
     assert job_id > 0

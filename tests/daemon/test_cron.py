@@ -10,7 +10,9 @@ import pytest
 
 from tests.support.ledger import create_ledger
 from tests.support.processes import start_daemon
-from worker.queue.cron import latest_slot, next_slot
+from tests.support.queues import make_queue
+from worker.queue.cron import CronScheduler, latest_slot, next_slot
+from worker.queue.sql import render
 
 CRON_ENV = {"TOOL_JOBS": "tests.support.tooljobs:CRON", "TEST_TOOL_CRON": "*/2 * * * * *"}
 
@@ -22,6 +24,143 @@ def test_slots_are_inclusive_of_now_and_follow_the_time_zone() -> None:
     assert next_slot("*/2 * * * * *", "UTC", at) == at + timedelta(seconds=2)
     nightly = latest_slot("0 3 * * *", "America/New_York", at)
     assert nightly.astimezone(UTC) == datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+
+
+NEW_YORK = "America/New_York"
+#: 2025-11-02: at 06:00Z New York's clocks go back from 02:00 EDT to 01:00 EST, so every wall
+#: time from 01:00 to 01:59:59 happens twice (05:00-06:00Z and 06:00-07:00Z).
+FALL_BACK = datetime(2025, 11, 2, 6, 0, tzinfo=UTC)
+#: 2025-03-09: at 07:00Z the clocks jump from 02:00 EST to 03:00 EDT; 02:xx never happens.
+SPRING_FORWARD = datetime(2025, 3, 9, 7, 0, tzinfo=UTC)
+
+
+def ticks(cron: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
+    """Every tick of ``cron`` after ``start`` up to ``end``, walked with next_slot, in UTC."""
+    found: list[datetime] = []
+    at = start
+    while (at := next_slot(cron, tz, at)) <= end:
+        found.append(at.astimezone(UTC))
+    return found
+
+
+def utc(hour: int, minute: int = 0, second: int = 0, *, day: datetime = FALL_BACK) -> datetime:
+    """The UTC instant ``hour:minute:second`` on the day of ``day``."""
+    return day.replace(hour=hour, minute=minute, second=second)
+
+
+def around(day: datetime) -> tuple[datetime, datetime]:
+    """From 12 hours before ``day`` to 12 hours after it."""
+    return day - timedelta(hours=12), day + timedelta(hours=12)
+
+
+def assert_latest_agrees(cron: str, tz: str, start: datetime, end: datetime) -> None:
+    """latest_slot at every 30 seconds from ``start`` to ``end`` is the newest walked tick."""
+    walked = [start - timedelta(days=2), *ticks(cron, tz, start - timedelta(days=2), end)]
+    at = start
+    while at <= end:
+        expected = max(t for t in walked if t <= at)
+        assert latest_slot(cron, tz, at).astimezone(UTC) == expected, at
+        at += timedelta(seconds=30)
+
+
+@pytest.mark.parametrize("cron", ["30 1 * * *", "0 30 1 * * *"])
+def test_a_fixed_time_in_the_repeated_hour_fires_once_at_its_first_occurrence(cron: str) -> None:
+    """On the day clocks go back, a cron at 01:30 (5 fields, or 6 with seconds) ticks once, at
+    01:30 EDT, as cron(8) runs fixed-time jobs: the second 01:30 (EST) is no new tick, for
+    next_slot, for latest_slot, and so for a catch-up after downtime over the hour."""
+    start, end = around(FALL_BACK)
+    assert ticks(cron, NEW_YORK, start, end) == [utc(5, 30)]
+    assert_latest_agrees(cron, NEW_YORK, start, end)
+    # A replica that looks only after the repeated hour still sees the first 01:30 as newest.
+    assert latest_slot(cron, NEW_YORK, utc(7, 15)).astimezone(UTC) == utc(5, 30)
+
+
+def test_seconds_ticks_of_a_repeated_minute_fire_once_each() -> None:
+    """A 6-field cron every 20 seconds of 01:30 ticks three times on the fall-back day, all in
+    the first 01:30 minute: once per wall-clock tick."""
+    start, end = around(FALL_BACK)
+    assert ticks("*/20 30 1 * * *", NEW_YORK, start, end) == [
+        utc(5, 30, 0),
+        utc(5, 30, 20),
+        utc(5, 30, 40),
+    ]
+    assert_latest_agrees("*/20 30 1 * * *", NEW_YORK, utc(5, 29), utc(7, 0))
+
+
+@pytest.mark.parametrize(
+    ("cron", "every"), [("0 * * * *", 60), ("*/30 * * * *", 30), ("0 */20 * * * *", 20)]
+)
+def test_wildcard_hour_or_minute_crons_keep_every_real_tick_through_the_repeated_hour(
+    cron: str, every: int
+) -> None:
+    """Hourly and minutely crons (a '*' hour or minute field) run every real hour or minute
+    through the repeated hour, as cron(8) runs wildcard jobs: no gap, no duplicate instant."""
+    start, end = utc(4, 0), utc(8, 0)
+    found = ticks(cron, NEW_YORK, start - timedelta(seconds=1), end)
+    assert found == [start + timedelta(minutes=every * i) for i in range(len(found))]
+    assert found[-1] == end
+    assert_latest_agrees(cron, NEW_YORK, start, end)
+
+
+@pytest.mark.parametrize(
+    ("cron", "expected"),
+    [
+        # 02:30 never happens: it fires once, when the clocks reach 03:00 EDT.
+        ("30 2 * * *", [utc(7, 0, day=SPRING_FORWARD)]),
+        ("30 1 * * *", [utc(6, 30, day=SPRING_FORWARD)]),
+        ("0 30 2 * * *", [utc(7, 0, day=SPRING_FORWARD)]),
+    ],
+)
+def test_a_fixed_time_in_the_skipped_hour_still_fires_once(
+    cron: str, expected: list[datetime]
+) -> None:
+    """On the day clocks go forward a daily cron fires exactly once, even at a wall time that
+    never happens that day."""
+    start, end = around(SPRING_FORWARD)
+    assert ticks(cron, NEW_YORK, start, end) == expected
+    assert_latest_agrees(cron, NEW_YORK, start, end)
+
+
+def test_hourly_cron_skips_no_real_hour_on_spring_forward() -> None:
+    """An hourly cron ticks every real hour across the skipped hour (01:00 EST, then 03:00 EDT)."""
+    start, end = utc(4, 0, day=SPRING_FORWARD), utc(9, 0, day=SPRING_FORWARD)
+    found = ticks("0 * * * *", NEW_YORK, start - timedelta(seconds=1), end)
+    assert found == [start + timedelta(hours=i) for i in range(6)]
+
+
+@pytest.mark.parametrize(
+    ("cron", "fired"),
+    [
+        ("30 1 * * *", ["2025-11-02T05:30:00Z"]),
+        (
+            "0 * * * *",
+            [f"2025-11-02T0{h}:00:00Z" for h in (5, 6, 7, 8)],
+        ),
+    ],
+)
+async def test_two_schedulers_walking_the_fall_back_night_fire_each_slot_once(
+    pool: asyncpg.Pool, cron: str, fired: list[str]
+) -> None:
+    """Through FIRE_SCHEDULE on a real database, with last_slot just before the repeated hour,
+    two schedulers looking every 5 minutes until after it enqueue 01:30 once, and an hourly cron
+    once per real hour."""
+    await make_queue(pool, "dst-cron", cron=cron)
+    await pool.execute(
+        "UPDATE jobs.schedule SET tz = $2, last_slot = $3 WHERE queue = $1",
+        "dst-cron",
+        NEW_YORK,
+        utc(4, 59),
+    )
+    replicas = [CronScheduler(pool, render("jobs"), ["dst-cron"]) for _ in range(2)]
+    at = utc(4, 55)
+    while at <= utc(8, 10):
+        for replica in replicas:
+            await replica.tick(at=at)
+        at += timedelta(minutes=5)
+    keys = await pool.fetch(
+        "SELECT singleton_key FROM jobs.job WHERE queue = 'dst-cron' ORDER BY id"
+    )
+    assert [k["singleton_key"] for k in keys] == [f"cron:{slot}" for slot in fired]
 
 
 async def cron_jobs(url: str) -> list[datetime]:

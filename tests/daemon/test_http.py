@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import asyncpg
+import httpx
 import pytest
 
 from api_sender import Sender, create_pool
 from tests.support.ledger import create_ledger, done_counts
-from tests.support.processes import start_daemon
+from tests.support.postgres import create_database, drop_database, with_database
+from tests.support.processes import Daemon, run_cli, start_daemon
 from tests.support.queues import make_queue
+from tests.support.rawhttp import exchange, request_head
 
 #: One daemon per test, on its own database: no turn needed among the multi-process tests.
 pytestmark = [pytest.mark.slow]
@@ -134,3 +140,185 @@ async def test_a_scrape_answers_while_the_count_waits_and_its_result_lands_after
     finally:
         await locker.close()
         daemon.kill()
+
+
+# --- Slow and broken clients (issue 10, C14) ---------------------------------------------------
+
+TOKEN = "test-http-token"
+#: The bounds the slow-client daemon runs with; every wait below is a few times these.
+HEADER_TIMEOUT = 1.0
+BODY_TIMEOUT = 2.0
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def slow_api(admin_url: str, template_name: str, tmp_path_factory) -> Iterator[tuple[Daemon, str]]:
+    """An installed database with queue "reports" and an api process with short header and
+    body timeouts."""
+    name = asyncio.run(create_database(admin_url, template_name))
+    url = with_database(admin_url, name)
+    assert run_cli(url, "migrate").returncode == 0
+
+    async def queue() -> None:
+        pool = await create_pool(url, max_size=1)
+        try:
+            await make_queue(pool, "reports")
+        finally:
+            await pool.close()
+
+    asyncio.run(queue())
+    daemon = start_daemon(
+        url,
+        tmp_path_factory.mktemp("slow-api"),
+        role="api",
+        env={
+            "INGEST_TOKEN": TOKEN,
+            "HTTP_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT),
+            "HTTP_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT),
+        },
+    )
+    try:
+        daemon.wait_ready(60)
+        yield daemon, url
+    finally:
+        daemon.stop()
+        asyncio.run(drop_database(admin_url, name))
+
+
+def _job_head(length: int | None = None, **extra: str) -> bytes:
+    headers = {**AUTH, "Content-Type": "application/json", **extra}
+    if length is not None:
+        headers["Content-Length"] = str(length)
+    return request_head("POST", "/v1/jobs/reports", headers)
+
+
+def test_a_silent_connection_is_closed(slow_api: tuple[Daemon, str]) -> None:
+    """A connection that never sends a byte is closed once the header timeout passes."""
+    daemon, _ = slow_api
+    answer = exchange(daemon.port, [], timeout=HEADER_TIMEOUT + 10)
+    assert not answer.hung, "the server kept a silent connection open"
+    assert answer.closed
+
+
+def test_a_header_sent_byte_by_byte_gets_408(slow_api: tuple[Daemon, str]) -> None:
+    """Request headers dribbled in slower than the header timeout allows answer 408 and the
+    connection is closed."""
+    daemon, _ = slow_api
+    head = _job_head(12)
+    answer = exchange(
+        daemon.port, [head[i : i + 1] for i in range(len(head))], pause=0.2, timeout=30
+    )
+    assert not answer.hung, "the server waited on a slow header"
+    assert answer.status == 408, answer
+    assert answer.closed
+
+
+def test_a_body_that_stalls_gets_408_naming_it(slow_api: tuple[Daemon, str]) -> None:
+    """A body that stops arriving before its Content-Length answers 408 (JSON, naming the
+    body) within the body timeout and closes; nothing is enqueued."""
+    daemon, url = slow_api
+    before = _count(url)
+    answer = exchange(daemon.port, [_job_head(100) + b'{"data": {'], timeout=BODY_TIMEOUT + 10)
+    assert not answer.hung, "the server waited on a stalled body"
+    assert answer.status == 408, answer
+    assert "body" in answer.json()["error"]
+    assert answer.closed
+    assert _count(url) == before
+
+
+def test_a_body_dribbled_slowly_gets_408(slow_api: tuple[Daemon, str]) -> None:
+    """A body arriving a byte at a time, each byte inside any idle limit, is still bounded in
+    total: 408 once the body timeout has passed."""
+    daemon, _ = slow_api
+    body = b'{"data": {"x": "' + b"y" * 200 + b'"}}'
+    parts = [_job_head(len(body)), *(body[i : i + 1] for i in range(len(body)))]
+    answer = exchange(daemon.port, parts, pause=0.1, timeout=30)
+    assert not answer.hung
+    assert answer.status == 408, answer
+
+
+def test_a_chunk_announcing_2_to_the_80_bytes_is_answered(slow_api: tuple[Daemon, str]) -> None:
+    """A chunked body announcing a 2**80-byte chunk (that never comes) gets a 4xx answer or a
+    close within the body timeout, not silence."""
+    daemon, _ = slow_api
+    head = _job_head(None, **{"Transfer-Encoding": "chunked"})
+    for size in (2**80, 2**60):
+        answer = exchange(daemon.port, [head + f"{size:x}\r\n".encode() + b"{"], timeout=20)
+        assert not answer.hung, f"no answer to a {size:x}-byte chunk"
+        assert answer.status is None or 400 <= answer.status < 500, answer
+
+
+def test_content_length_and_chunked_together_are_refused(slow_api: tuple[Daemon, str]) -> None:
+    """A request framed both ways (the request-smuggling shape) answers 400 naming it, and
+    nothing is enqueued."""
+    daemon, url = slow_api
+    before = _count(url)
+    body = b'{"data": {}}'
+    head = _job_head(len(body), **{"Transfer-Encoding": "chunked"})
+    answer = exchange(daemon.port, [head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"])
+    assert answer.status == 400, answer
+    assert "Transfer-Encoding" in answer.json()["error"]
+    assert _count(url) == before
+
+
+def test_slow_clients_do_not_stall_good_ones(slow_api: tuple[Daemon, str]) -> None:
+    """With 40 slow connections open (silent, dribbling headers, stalled bodies), good requests
+    are answered at once: each slow one ends in a 408 or a close."""
+    daemon, url = slow_api
+    head = _job_head(50)
+    slow_parts = [
+        [],
+        [head[i : i + 1] for i in range(len(head))],
+        [head + b'{"data"'],
+    ]
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        slow = [
+            pool.submit(exchange, daemon.port, slow_parts[n % 3], pause=0.2, timeout=30)
+            for n in range(39)
+        ]
+        time.sleep(0.5)
+        good = []
+        with httpx.Client(timeout=5) as client:
+            for n in range(20):
+                response = client.post(
+                    daemon.url("/v1/jobs/reports"), json={"data": {"good": n}}, headers=AUTH
+                )
+                good.append(response.status_code)
+        answers = [future.result() for future in slow]
+    assert good == [202] * 20
+    assert not [a for a in answers if a.hung], "a slow connection was never ended"
+    assert {a.status for a in answers} <= {None, 408}
+    assert _count(url, "good") == 20
+
+
+def test_a_client_that_hangs_up_mid_body_logs_one_line(slow_api: tuple[Daemon, str]) -> None:
+    """A client that disconnects halfway through its body leaves one log line, no traceback."""
+    daemon, url = slow_api
+    before = _count(url)
+    logged = len(_disconnects(daemon))
+    exchange(daemon.port, [_job_head(1000) + b'{"data": {"half": '], close_after_send=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_disconnects(daemon)) == logged:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert len(_disconnects(daemon)) == logged + 1, daemon.logs()[-3000:]
+    assert "Traceback" not in daemon.logs()
+    assert "ClientDisconnect" not in daemon.logs()
+    assert _count(url) == before
+
+
+def _disconnects(daemon: Daemon) -> list[dict[str, object]]:
+    return [e for e in daemon.events() if e.get("event") == "http.client_disconnected"]
+
+
+def _count(url: str, marker: str | None = None) -> int:
+    async def count() -> int:
+        conn = await asyncpg.connect(url)
+        try:
+            if marker is None:
+                return int(await conn.fetchval("SELECT count(*) FROM jobs.job"))
+            return int(await conn.fetchval("SELECT count(*) FROM jobs.job WHERE data ? $1", marker))
+        finally:
+            await conn.close()
+
+    return asyncio.run(count())

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -29,6 +27,7 @@ ROLES_SQL = CONFIG / "roles.sql"
 
 #: Environment variables the image may set that are not the daemon's.
 NON_SETTINGS_ENV = {
+    "PATH",
     "PYTHONDONTWRITEBYTECODE",
     "PYTHONUNBUFFERED",
     "PIP_NO_CACHE_DIR",
@@ -346,16 +345,3 @@ def run_command(
         cwd=cwd,
         check=False,
     )
-
-
-def promtool() -> str | None:
-    """The promtool binary, or None."""
-    return shutil.which("promtool") or (
-        "/usr/bin/promtool" if os.path.exists("/usr/bin/promtool") else None
-    )
-
-
-PROMTOOL_MISSING = (
-    "promtool not installed: `apt-get install prometheus` (Debian/Ubuntu) brings it, or "
-    "download a release from https://prometheus.io/download/ and put promtool on PATH"
-)

@@ -106,15 +106,18 @@ def test_compose_service_roles() -> None:
 
 
 def test_compose_ports_match_http_port() -> None:
-    """The api publishes its HTTP_PORT on all interfaces; workers publish nothing and scale."""
+    """The api publishes its HTTP_PORT on the host's loopback, and on another address and port
+    when the shell says so; workers publish nothing and scale."""
     api = chassis_services()["api"]
     settings = settings_of("api")
     assert settings.http_host == "0.0.0.0"
     published = [interpolate(str(p), {}) for p in api.get("ports", [])]
     assert len(published) == 1
-    host_port, container_port = published[0].rsplit(":", 1)
+    address, host_port, container_port = published[0].split(":")
     assert int(container_port) == settings.http_port
-    assert host_port.isdigit(), "the ingest port is published (and overridable)"
+    assert (address, host_port) == ("127.0.0.1", "8080")
+    shell = {"CHASSIS_INGEST_ADDRESS": "0.0.0.0", "CHASSIS_INGEST_PORT": "9000"}
+    assert interpolate(str(api["ports"][0]), shell) == f"0.0.0.0:9000:{settings.http_port}"
     for name in long_running():
         assert settings_of(name).http_host == "0.0.0.0", name
         assert settings_of(name).http_port in [int(p) for p in dockerfile_exposed()], name
@@ -128,6 +131,14 @@ def dockerfile_exposed() -> list[str]:
     return [p.split("/")[0] for e in dockerfile().final_stage.all("EXPOSE") for p in e.args.split()]
 
 
+def test_compose_publishes_every_port_on_loopback_only() -> None:
+    """With the defaults, every published port binds 127.0.0.1 (one rule for postgres, the api
+    and Prometheus): nothing answers other machines unless the operator says so."""
+    for name, service in services().items():
+        for port in service.get("ports", []):
+            assert interpolate(str(port), {}).startswith("127.0.0.1:"), (name, port)
+
+
 def test_compose_worker_runs_two_replicas() -> None:
     """The worker service asks for two replicas by default."""
     assert chassis_services()["worker"]["deploy"]["replicas"] == 2
@@ -138,8 +149,10 @@ def test_compose_startup_order_and_postgres_health() -> None:
     all_services = services()
     postgres = all_services["postgres"]
     assert postgres["image"].startswith("postgres:16")
-    check = postgres["healthcheck"]["test"]
-    assert "pg_isready" in " ".join(check)
+    check = " ".join(postgres["healthcheck"]["test"])
+    assert "pg_isready" in check
+    # Over TCP: the socket answers while the image's first-start init server still runs.
+    assert re.search(r"pg_isready .*(-h|--host[= ])\s*127\.0\.0\.1\b", check), check
     volume = postgres["volumes"][0].split(":")[0]
     assert volume in (yaml.safe_load((ROOT / "compose.yaml").read_text())["volumes"] or {})
     depends = {name: s.get("depends_on", {}) for name, s in all_services.items()}

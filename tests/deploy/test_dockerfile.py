@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.files import (
+    DOCKERFILE,
     NON_SETTINGS_ENV,
     ROOT,
     SETTINGS_VARIABLES,
@@ -29,29 +30,50 @@ from worker.settings import Settings
 BUILD_TOOLS = ("gcc", "build-essential", "make ", "clang", "python3-dev", "libpq-dev", "git ")
 
 
-def test_dockerfile_builds_wheels_then_installs_them_on_a_slim_base() -> None:
-    """Two stages on slim Python 3.11: the first runs `pip wheel .`, the last installs the
-    chassis-worker wheel from that directory only."""
+def test_dockerfile_builds_a_venv_then_copies_it_to_a_slim_base() -> None:
+    """Two stages on slim Python 3.11: the first makes a venv and installs the project into it,
+    the last copies that venv from the first, at the same path, and puts it first on PATH."""
     parsed = dockerfile()
     assert len(parsed.stages) >= 2
     for stage in parsed.stages:
         assert re.fullmatch(r"python:3\.11-slim(-\w+)?", stage.base), stage.base
     build, final = parsed.stages[0], parsed.final_stage
-    runs = " ".join(i.args for i in build.all("RUN"))
-    assert re.search(r"pip wheel .*--wheel-dir[= ](\S+) \.", runs)
-    install = " ".join(i.args for i in final.all("RUN"))
-    assert "pip install --no-index --find-links=/wheels chassis-worker" in install
-    assert f"from={build.name}" in install, "the wheels come from the build stage"
+    runs = [i.args for i in build.all("RUN")]
+    venv = re.fullmatch(r"python -m venv (/\S+)", runs[0])
+    assert venv, runs[0]
+    venv_path = venv[1]
+    assert f"{venv_path}/bin/pip install ." in runs
+    copies = [i.args.split() for i in final.all("COPY")]
+    assert [f"--from={build.name}", venv_path, venv_path] in copies
+    assert final.env()["PATH"].startswith(f"{venv_path}/bin:")
+
+
+def test_dockerfile_needs_no_buildkit() -> None:
+    """Nothing in the Dockerfile needs BuildKit, so the legacy builder (docker-compose 1.x, a
+    docker without buildx) builds it too: no `# syntax` frontend to fetch, no RUN --mount, no
+    heredocs, no COPY --link or --chmod."""
+    text = DOCKERFILE.read_text()
+    first = text.splitlines()[0]
+    assert not re.match(r"#\s*syntax\s*=", first, flags=re.IGNORECASE), first
+    instructions = [i for stage in dockerfile().stages for i in stage.instructions]
+    for instruction in instructions:
+        assert not (instruction.keyword == "RUN" and "--mount" in instruction.args), instruction
+        assert "<<" not in instruction.args, instruction
+        if instruction.keyword in ("COPY", "ADD"):
+            flags = {a.split("=")[0] for a in instruction.args.split() if a.startswith("--")}
+            assert flags <= {"--from", "--chown"}, instruction
 
 
 def test_dockerfile_final_stage_has_no_build_tools_or_sources() -> None:
-    """The final stage installs no compiler and copies no source tree, only the built wheels."""
-    final = dockerfile().final_stage
+    """The final stage installs no compiler and copies nothing but the build stage's venv."""
+    parsed = dockerfile()
+    final = parsed.final_stage
     text = " ".join(i.args for i in final.instructions).lower()
     for tool in BUILD_TOOLS:
         assert tool not in text, tool
     assert "apt-get install" not in text
-    assert not final.all("COPY"), "the final stage gets wheels through a bind mount only"
+    for copy in final.all("COPY"):
+        assert copy.args.startswith(f"--from={parsed.stages[0].name} "), copy
     assert not final.all("ADD")
 
 

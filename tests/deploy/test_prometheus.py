@@ -12,14 +12,13 @@ import pytest
 import yaml
 
 from api_sender import Sender, create_pool
-from tests.deploy.files import CONFIG, PROMTOOL_MISSING, ROOT, promtool
+from tests.deploy.files import CONFIG, ROOT
 from tests.support.processes import start_daemon
 from tests.support.queues import make_queue
+from tests.support.tools import require_tool
 
 ALERTS = CONFIG / "alerts.yml"
 ALERT_TESTS = Path(__file__).with_name("alerts_test.yml")
-
-needs_promtool = pytest.mark.skipif(promtool() is None, reason=PROMTOOL_MISSING)
 
 #: PromQL words that are not metric names.
 PROMQL_WORDS = {
@@ -41,10 +40,17 @@ PROMQL_WORDS = {
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
-def run_promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+@pytest.fixture
+def promtool() -> str:
+    """The promtool binary (Debian's prometheus package brings it); CI fails without it."""
+    hint = "or put promtool from https://prometheus.io/download/ on PATH"
+    return require_tool("promtool", "prometheus", hint=hint)
+
+
+def run_promtool(
+    binary: str, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """Run promtool from the repository root."""
-    binary = promtool()
-    assert binary is not None
     return subprocess.run(
         [binary, *args], input=stdin, capture_output=True, cwd=ROOT, timeout=60, check=False
     )
@@ -126,39 +132,35 @@ async def scrape_worker(db_url: str, tmp_path: Path) -> str:
         daemon.kill()
 
 
-@needs_promtool
-def test_promtool_checks_the_prometheus_config() -> None:
+def test_promtool_checks_the_prometheus_config(promtool: str) -> None:
     """promtool accepts config/prometheus.yml, including the rule files it names."""
-    done = run_promtool("check", "config", "config/prometheus.yml")
+    done = run_promtool(promtool, "check", "config", "config/prometheus.yml")
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
     assert b"1 rule files found" in done.stdout
 
 
-@needs_promtool
-def test_promtool_checks_the_alert_rules() -> None:
+def test_promtool_checks_the_alert_rules(promtool: str) -> None:
     """promtool accepts config/alerts.yml."""
-    done = run_promtool("check", "rules", "config/alerts.yml")
+    done = run_promtool(promtool, "check", "rules", "config/alerts.yml")
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
     assert f"{len(alert_expressions())} rules found".encode() in done.stdout
 
 
-@needs_promtool
-def test_promtool_alert_unit_tests_pass() -> None:
+def test_promtool_alert_unit_tests_pass(promtool: str) -> None:
     """The alert rules fire, and stay quiet, as tests/deploy/alerts_test.yml says."""
-    done = run_promtool("test", "rules", str(ALERT_TESTS.relative_to(ROOT)))
+    done = run_promtool(promtool, "test", "rules", str(ALERT_TESTS.relative_to(ROOT)))
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
     tested = set(re.findall(r"alertname: (\w+)", ALERT_TESTS.read_text()))
     untested = set(alert_expressions()) - tested
     assert not untested, f"alerts without a unit test: {sorted(untested)}"
 
 
-@needs_promtool
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
-async def test_promtool_checks_a_live_metrics_scrape(db_url: str, tmp_path) -> None:
+async def test_promtool_checks_a_live_metrics_scrape(promtool: str, db_url: str, tmp_path) -> None:
     """promtool finds nothing to complain about in a running worker's /metrics."""
     text = await scrape_worker(db_url, tmp_path)
-    done = run_promtool("check", "metrics", stdin=text.encode())
+    done = run_promtool(promtool, "check", "metrics", stdin=text.encode())
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
     assert done.stdout.strip() == b"", done.stdout.decode()
 

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -151,6 +152,12 @@ def metric(daemon: Daemon, name: str, **labels: str) -> float:
 def log_events(daemon: Daemon, name: str) -> list[dict[str, Any]]:
     """The daemon's JSON log lines with event ``name``."""
     return [e for e in daemon.events() if e.get("event") == name]
+
+
+def logged_at(event: Mapping[str, Any]) -> float:
+    """When a daemon wrote a log line (epoch seconds)."""
+    stamp = str(event["timestamp"]).replace("Z", "+00:00")
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def worker_id(daemon: Daemon) -> str:

@@ -42,7 +42,13 @@ def hub() -> Iterator[Hub]:
 def post_events(url: str, n: int) -> set[str]:
     """Ingest ``n`` events through the daemon's HTTP API; return their ids."""
     events = [
-        {"id": new_ulid(), "meter": "api.calls", "quantity": 1, "workspace_id": "w1"}
+        {
+            "id": new_ulid(),
+            "meter": "api.calls",
+            "quantity": 1,
+            "workspace_id": "w1",
+            "occurred_at": "2026-01-01T00:00:00Z",
+        }
         for _ in range(n)
     ]
     for start in range(0, n, 1000):

@@ -48,7 +48,13 @@ class Client:
         if client is None:
             client = self._local.client = httpx.Client(timeout=30)
         events = [
-            {"id": new_ulid(), "meter": "api.calls", "quantity": 1, "workspace_id": "w1"}
+            {
+                "id": new_ulid(),
+                "meter": "api.calls",
+                "quantity": 1,
+                "workspace_id": "w1",
+                "occurred_at": "2026-01-01T00:00:00Z",
+            }
             for _ in range(BATCH)
         ]
         sent = time.time()

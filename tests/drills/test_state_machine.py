@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -43,6 +44,8 @@ EXPIRE = 30_000
 RETRY_DELAY = 5_000
 RETRY_LIMIT = 2
 PENDING = ("created", "retry")
+#: What a timer replace or cancel ends: a timer that has not finished, waiting or running.
+UNFINISHED = (*PENDING, "active")
 TERMINAL = ("completed", "cancelled", "failed")
 
 
@@ -116,6 +119,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.beat_at: dict[uuid.UUID, int] = {}
         self.seen_attempt: dict[int, int] = {}
         self.seen_terminal: dict[int, str] = {}
+        #: Every claim handed out: its claim instant moves with the database's when time passes.
+        self.handed_out: list[ClaimedJob] = []
         h.run(
             make_queue(
                 h.pool,
@@ -174,22 +179,23 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(["a", "b"]), delay=st.sampled_from([0, 20_000]))
     def timer(self, key: str, delay: int) -> None:
-        """Schedule a keyed timer: the pending one with that key is cancelled."""
+        """Schedule a keyed timer: the unfinished one with that key (waiting or running) is
+        cancelled."""
         self._tick("timer")
         job_id = self.harness.run(
             self.sender.timers.schedule(self.queue, delay_seconds=delay, data={}, key=key)
         )
         for job in self.jobs.values():
-            if job.key == key and job.state in PENDING:
+            if job.key == key and job.state in UNFINISHED:
                 job.state = "cancelled"
         self.jobs[job_id] = Job(job_id, 0, due=self.clock + delay, due_step=self.step, key=key)
 
     @rule(key=st.sampled_from(["a", "b"]))
     def cancel(self, key: str) -> None:
-        """Cancel the pending timer of a key, if any."""
+        """Cancel the unfinished timer of a key (waiting or running), if any."""
         self._tick("cancel")
         cancelled = self.harness.run(self.sender.timers.cancel(self.queue, key))
-        pending = [j for j in self.jobs.values() if j.key == key and j.state in PENDING]
+        pending = [j for j in self.jobs.values() if j.key == key and j.state in UNFINISHED]
         assert cancelled == bool(pending)
         for job in pending:
             job.state = "cancelled"
@@ -205,6 +211,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         expected = [j.id for j in eligible[:limit]]
         assert sorted(c.id for c in got) == sorted(expected)
+        self.handed_out.extend(got)
         for claimed in got:
             job = self.jobs[claimed.id]
             job.state = "active"
@@ -287,6 +294,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.harness.run(self._shift(seconds))
 
     async def _shift(self, seconds: int) -> None:
+        # A claim is fenced on its instant (started_at) too: the workers' copies move with it.
+        for claimed in self.handed_out:
+            claimed.started_at -= timedelta(seconds=seconds)
         pool = self.harness.pool
         await pool.execute(
             "UPDATE jobs.job SET start_after = start_after - make_interval(secs => $2),"

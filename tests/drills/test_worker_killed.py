@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from datetime import datetime
 
 import pytest
 
@@ -17,6 +16,7 @@ from tests.drills.helpers import (
     create_ledger,
     fetch,
     log_events,
+    logged_at,
     runs,
     sized,
     states,
@@ -71,7 +71,7 @@ async def test_workers_killed_mid_job_lose_nothing(db_url: str, fleet: Fleet, dr
     # had finished on the victim just before it. Rescued jobs queue behind the backlog sent
     # before them, so when they run again depends on that backlog; it is reported, not bound.
     rescues = {
-        (str(e["worker_id"]), int(e["job_id"])): at_of(e)
+        (str(e["worker_id"]), int(e["job_id"])): logged_at(e)
         for d in fleet.all
         for e in log_events(d, "job.rescued")
     }
@@ -117,9 +117,3 @@ async def test_workers_killed_mid_job_lose_nothing(db_url: str, fleet: Fleet, dr
         f" {max(reruns):.1f}s (behind the backlog); nothing lost ({jobs}/{jobs} completed,"
         f" {len(duplicated)} duplicates, all among the in-flight)"
     )
-
-
-def at_of(event: dict[str, object]) -> float:
-    """When a log line was written (epoch seconds)."""
-    stamp = str(event["timestamp"]).replace("Z", "+00:00")
-    return datetime.fromisoformat(stamp).timestamp()

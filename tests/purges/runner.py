@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 
 from api_sender import Sender
+from tests.support.postgres import server_url, with_database
 from worker.db.bounded import HandlerPool
 from worker.install import install_queues
 from worker.jobs.purges.runs import PurgeBody, PurgeRun, run_purge
@@ -24,6 +25,11 @@ SCHEMA = "jobs"
 def make_settings(**values: Any) -> Settings:
     """Settings for a test, ignoring any ``.env`` file."""
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+async def session_url(pool: asyncpg.Pool) -> str:
+    """The URL of ``pool``'s test database, for the purge run lock's dedicated connection."""
+    return with_database(server_url(), await pool.fetchval("SELECT current_database()"))
 
 
 async def install_purges(pool: asyncpg.Pool, settings: Settings) -> None:
@@ -44,7 +50,12 @@ async def run_purge_job(pool: asyncpg.Pool, settings: Settings, queue: str) -> i
     store = JobStore(pool, render(SCHEMA), uuid.uuid4())
     claimed = await store.claim(queue, 1, one_per_key=True)
     assert [c.id for c in claimed] == [job_id]
-    context = JobContext(settings=settings, pool=HandlerPool(pool, 2), sender=sender)
+    context = JobContext(
+        settings=settings,
+        pool=HandlerPool(pool, 2),
+        sender=sender,
+        session_url=await session_url(pool),
+    )
     run_job = job.make_consumer(context).run_job
     assert run_job is not None
     await run_job(claimed[0])
@@ -57,7 +68,9 @@ async def run_body(
 ) -> PurgeRun:
     """Run ``body`` through the run wrapper, or alone against the instant ``now`` if given."""
     if now is None:
-        return await run_purge(HandlerPool(pool, 2), SCHEMA, queue, None, body)
+        return await run_purge(
+            HandlerPool(pool, 2), SCHEMA, queue, None, body, session_url=await session_url(pool)
+        )
     run = PurgeRun(queue=queue, now=now)
     async with pool.acquire() as conn:
         await body(conn, run)

@@ -11,7 +11,7 @@ import asyncpg
 
 from api_sender import Sender
 from tests.support.processes import run_cli, start_daemon
-from worker.jobs.purges import AUDIT_PURGE_QUEUE, ORPHAN_USER_PURGE_QUEUE
+from worker.jobs.purges import AUDIT_PURGE_QUEUE, IDEMPOTENCY_PURGE_QUEUE, ORPHAN_USER_PURGE_QUEUE
 
 from .chassis import DAY, add_audit_rows, add_membership, add_user, user_ids
 
@@ -73,3 +73,68 @@ async def test_a_worker_runs_hand_sent_purge_jobs_and_queues_shows_them(
     table = run_cli(db_url, "queues")
     assert "last_purge" in table.stdout.splitlines()[0]
     assert "(6000 rows)" in table.stdout
+
+
+async def _waiting_on_locks(pool: asyncpg.Pool) -> int:
+    value: int = await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    return value
+
+
+async def test_two_workers_never_run_one_purge_beside_itself(
+    db_url: str, pool: asyncpg.Pool, sender: Sender, tmp_path: Path
+) -> None:
+    """Two worker processes and two due jobs of one purge queue, one keyed as a cron slot and
+    one sent by hand: while the first run is stalled on a row the app holds, the second does
+    not start, and the two recorded runs never overlap."""
+    await pool.execute(
+        "INSERT INTO public.idempotency_keys (workspace_id, key, response, expires_at) "
+        "SELECT 'w1', 'k' || g, '{}', now() - interval '1 day' FROM generate_series(1, 3) g"
+    )
+    holder = await asyncpg.connect(db_url)
+    daemons = [start_daemon(db_url, tmp_path, name=f"w{i}") for i in range(2)]
+    try:
+        for daemon in daemons:
+            await anyio.to_thread.run_sync(daemon.wait_ready, 60)
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM public.idempotency_keys WHERE key = 'k1' FOR UPDATE")
+        sent = [
+            await sender.send(
+                IDEMPOTENCY_PURGE_QUEUE, {}, singleton_key="cron:2026-01-01T03:00:00Z"
+            ),
+            await sender.send(IDEMPOTENCY_PURGE_QUEUE, {}),
+        ]
+        job_ids = [j for j in sent if j is not None]
+        assert len(job_ids) == 2
+        # Both jobs claimed, one per worker, and both runs waiting: the first on the held row,
+        # the second on that row too (overlapping) or on the first run (serialised).
+        with anyio.fail_after(30):
+            while True:
+                active = await pool.fetchval(
+                    "SELECT count(*) FROM jobs.job WHERE id = ANY($1::bigint[]) "
+                    "AND state = 'active'",
+                    job_ids,
+                )
+                if active == 2 and await _waiting_on_locks(pool) >= 2:
+                    break
+                await anyio.sleep(0.05)
+        owners = await pool.fetchval(
+            "SELECT count(DISTINCT locked_by) FROM jobs.job WHERE id = ANY($1::bigint[])", job_ids
+        )
+        assert owners == 2, "both jobs ran in one process"
+        await holder.execute("COMMIT")
+        await _wait_completed(pool, job_ids, timeout=60)
+    finally:
+        await holder.close()
+        for daemon in daemons:
+            daemon.stop()
+
+    runs = await pool.fetch(
+        "SELECT started_at, finished_at FROM jobs.purge_run WHERE queue = $1 ORDER BY started_at",
+        IDEMPOTENCY_PURGE_QUEUE,
+    )
+    assert len(runs) == 2
+    first, second = runs
+    assert first["finished_at"] <= second["started_at"], "two runs of one purge overlapped"

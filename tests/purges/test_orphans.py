@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import asyncpg
+import pytest
 
 from worker.jobs.purges import ORPHAN_USER_PURGE_QUEUE
 from worker.jobs.purges.batches import BatchLimits
-from worker.jobs.purges.orphan_users import OrphanRule, orphan_body
+from worker.jobs.purges.orphan_users import ExclusionLockDenied, OrphanRule, orphan_body
 
 from .chassis import (
     DAY,
@@ -305,5 +307,35 @@ async def test_retention_zero_deletes_nothing(pool: asyncpg.Pool) -> None:
 
     await run_purge_job(pool, make_settings(), ORPHAN_USER_PURGE_QUEUE)
 
+    async with pool.acquire() as conn:
+        assert await user_ids(conn) == {user}
+
+
+async def test_a_role_that_may_not_lock_the_exclusion_tables_fails_the_run_and_deletes_nobody(
+    db_url: str, pool: asyncpg.Pool
+) -> None:
+    """A database role with only SELECT on invitations and instance_settings cannot guard the
+    re-check, so the run fails naming the grant it needs, and the orphan stays."""
+    async with pool.acquire() as conn:
+        user = await add_user(conn)
+    role = f"chassis_t_{uuid.uuid4().hex[:12]}"
+    await pool.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        await pool.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        await pool.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        await pool.execute(f'GRANT UPDATE, DELETE ON public."user" TO {role}')
+        limited = await asyncpg.create_pool(db_url, user=role, min_size=1, max_size=2)
+        try:
+            clock = await limited.fetchval("SELECT now()")
+            with pytest.raises(ExclusionLockDenied, match=r"public\.invitations"):
+                await run_body(
+                    limited, ORPHAN_USER_PURGE_QUEUE, orphan_body(OrphanRule(24)), now=clock
+                )
+        finally:
+            await limited.close()
+    finally:
+        # The role holds grants in this database only: revoke them there, then drop it.
+        await pool.execute(f"DROP OWNED BY {role}")
+        await pool.execute(f"DROP ROLE {role}")
     async with pool.acquire() as conn:
         assert await user_ids(conn) == {user}

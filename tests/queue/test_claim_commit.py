@@ -54,6 +54,7 @@ async def test_a_claim_carrying_outcomes_waits_for_the_disk(
                 owner,
                 [r["id"] for r in first],
                 [r["attempt"] for r in first],
+                [r["started_at"] for r in first],
             )
             assert rows[0]["lost"] == []
             assert await conn.fetchval(SETTING) == "on"

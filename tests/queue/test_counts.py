@@ -313,9 +313,8 @@ async def test_concurrent_finishing_statements_never_wait_and_stay_exact(
     async def complete_and_hold(store: JobStore, jobs: list[ClaimedJob]) -> None:
         nonlocal entered
         async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                SQL.complete, [j.id for j in jobs], [j.attempt for j in jobs], store.owner
-            )
+            # The store's own completion, on this connection (a store only needs .fetch).
+            assert await JobStore(conn, SQL, store.owner).complete(jobs) == {j.id for j in jobs}
             entered += 1
             if entered == len(stores):
                 all_in.set()
@@ -395,34 +394,38 @@ async def test_maintenance_compacts_when_it_prunes(pool: asyncpg.Pool) -> None:
     await assert_exact(pool)
 
 
-#: Whether some other session of the cluster still holds a snapshot older than transaction $1:
-#: then no row version that died since could be pruned, in any database (the server's
-#: visibility horizon is cluster-wide until it is recomputed), and the size says nothing.
+#: Whether another session of the cluster has held, for over a second, a snapshot older than
+#: transaction $1: while it does, no row version that died since can be pruned, in any
+#: database (the server's visibility horizon is cluster-wide until recomputed).
 _HELD_BACK = """
 SELECT EXISTS (
     SELECT 1 FROM pg_stat_activity
     WHERE pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
-      AND age(backend_xmin) > txid_current() - $1)
+      AND age(backend_xmin) > txid_current() - $1
+      AND now() - xact_start > interval '1 second')
 """
 
 
 async def test_the_counter_table_stays_small_through_many_completions(
     pool: asyncpg.Pool, sender: Sender
 ) -> None:
-    """1,000 completions, each its own transaction, leave job_count within two pages without
+    """1,000 completions, each its own transaction, leave job_count within three pages without
     VACUUM (with pruning held back it takes seven): every counter change is a HOT update that
-    page pruning reclaims. Skipped when a session of the shared server held a snapshot older than
-    the test all along."""
+    page pruning reclaims. Skipped when another session of the shared server held back pruning
+    meanwhile."""
     await make_queue(pool, "q")
     await sender.send_many("q", [{} for _ in range(1000)])
     store = JobStore(pool, SQL, uuid.uuid4())
     start = await pool.fetchval("SELECT txid_current()")
-    for _ in range(1000):
+    held_back = False
+    for i in range(1000):
         await store.complete(await store.claim("q", 1))
+        if i % 25 == 0:
+            held_back = held_back or await pool.fetchval(_HELD_BACK, start)
     assert (await counter_sums(pool))[("q", "completed")] == 1000
-    if await pool.fetchval(_HELD_BACK, start):
-        pytest.skip("a session older than the test held back pruning throughout")
-    assert await pool.fetchval("SELECT pg_relation_size('jobs.job_count')") <= 2 * 8192
+    if held_back:
+        pytest.skip("another session's old snapshot held back pruning during the test")
+    assert await pool.fetchval("SELECT pg_relation_size('jobs.job_count')") <= 3 * 8192
 
 
 async def test_truncate_clears_the_counters(pool: asyncpg.Pool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import uuid
@@ -10,6 +11,7 @@ import asyncpg
 
 from api_sender import Sender
 from tests.support.queues import make_queue
+from worker.queue.availability import Availability
 from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
 from worker.queue.store import JobStore
@@ -76,6 +78,40 @@ async def test_stale_heartbeat_lets_the_job_go(pool, sender: Sender) -> None:
     assert (await maintenance_for(pool).run_once(prune=False))[0] == 1
     # The frozen worker wakes up and completes late: nothing changes, it is told so.
     assert await frozen.complete([job]) == set()
+
+
+async def test_after_an_outage_nothing_is_rescued_for_a_stale_interval(
+    pool, sender: Sender, captured_logs
+) -> None:
+    """A replica whose database was just lost and back rescues neither a silent worker's job
+    nor an expired one until it has had the stale limit of database; then both go."""
+    await make_queue(pool, "q", expire_seconds=10)
+    await sender.send_many("q", [{}, {}])
+    silent = JobStore(pool, SQL, uuid.uuid4())
+    await silent.claim("q", 1)
+    beating = JobStore(pool, SQL, uuid.uuid4())
+    await beating.claim("q", 1)
+    await age_claims(pool, 11)
+    await pool.execute(SQL.heartbeat, beating.owner, "h", 1)
+    availability = Availability()
+    availability.lost()
+    availability.answered()
+    stale = 1.0
+    maintenance = Maintenance(
+        JobStore(pool, SQL, uuid.uuid4()),
+        SQL,
+        "jobs",
+        interval=60,
+        stale_seconds=stale,
+        availability=availability,
+    )
+    assert await maintenance.run_once(prune=False) == (0, 0)
+    assert await maintenance.run_once(prune=False) == (0, 0)
+    deferred = [e for e in captured_logs if e["event"] == "maintenance.rescue_deferred"]
+    assert len(deferred) == 1
+    while availability.seconds() < stale:
+        await asyncio.sleep(0.05)
+    assert (await maintenance.run_once(prune=False))[0] == 2
 
 
 async def test_expired_job_counts_as_failed_attempt(pool, sender: Sender) -> None:

@@ -98,3 +98,25 @@ async def test_failed_singleton_can_retry_beside_a_queued_one(pool, sender: Send
     assert await sender.send("q", {}, singleton_key="k") is not None
     [outcome] = await store.fail([(job, "boom")])
     assert outcome.state == "retry"
+
+
+async def test_stately_keeps_every_failed_job_of_a_key_in_retry(pool, sender: Sender) -> None:
+    """stately, unlike pg-boss 10: a second job of a key failing while the first waits in retry
+    goes to retry too (not to failed and the dead letter), and both run again, one at a time."""
+    await make_queue(pool, "dead")
+    await make_queue(pool, "q", policy="stately", retry_limit=2, dead_letter="dead")
+    first = await sender.send("q", {}, singleton_key="k")
+    store = store_for(pool)
+    [job] = await store.claim("q", 10, one_per_key=True)
+    second = await sender.send("q", {}, singleton_key="k")
+    outcomes = await store.fail([(job, "boom")])
+    [job] = await store.claim("q", 10, one_per_key=True)
+    assert job.id == second
+    outcomes += await store.fail([(job, "boom")])
+    assert [(o.id, o.state) for o in outcomes] == [(first, "retry"), (second, "retry")]
+    assert await pool.fetchval("SELECT count(*) FROM jobs.job WHERE queue = 'dead'") == 0
+    [again] = await store.claim("q", 10, one_per_key=True)
+    assert await store.claim("q", 10, one_per_key=True) == []
+    await store.complete([again])
+    [last] = await store.claim("q", 10, one_per_key=True)
+    assert {again.id, last.id} == {first, second}

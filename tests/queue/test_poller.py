@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -13,6 +14,7 @@ from tests.support.queues import make_queue
 from worker.queue.completer import Completer
 from worker.queue.holdings import Holdings
 from worker.queue.jobs import ClaimedJob
+from worker.queue.maintenance import Maintenance
 from worker.queue.poller import Consumer, Poller
 from worker.queue.sql import render
 from worker.queue.store import JobStore
@@ -21,9 +23,15 @@ SQL = render("jobs")
 
 
 async def run_until(
-    pool: asyncpg.Pool, consumer: Consumer, done: Callable[[], Awaitable[bool]], timeout: float = 10
+    pool: asyncpg.Pool,
+    consumer: Consumer,
+    done: Callable[[], Awaitable[bool]],
+    timeout: float = 10,
+    *,
+    beside: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Run one poller (and its completer) until ``done()`` holds, then stop it cleanly."""
+    """Run one poller (and its completer, and ``beside`` if given) until ``done()`` holds, then
+    stop it cleanly."""
     store = JobStore(pool, SQL, uuid.uuid4())
     holdings = Holdings()
     completer = Completer(store, holdings)
@@ -31,6 +39,8 @@ async def run_until(
     async with anyio.create_task_group() as tg:
         tg.start_soon(completer.run)
         tg.start_soon(poller.run)
+        if beside is not None:
+            tg.start_soon(beside)
         poller.waker.wake()
         with anyio.fail_after(timeout):
             while not await done():
@@ -121,3 +131,157 @@ async def test_batch_outcomes_per_job_or_all_at_once(pool, sender: Sender) -> No
     await run_until(pool, Consumer("q", batch_size=3, run_batch=run_batch), second_settled)
     result = await states(pool)
     assert {result[i] for i in second} == {("failed", "RuntimeError: downstream down")}
+
+
+async def waiting_in_hand(pool: asyncpg.Pool, running: set[int], finished: set[int]) -> set[int]:
+    """Active jobs whose handler has neither started nor finished: claimed, waiting in the
+    worker for a runner while their expiry clock (counted from the claim) runs."""
+    rows = await pool.fetch("SELECT id FROM jobs.job WHERE state = 'active'")
+    return {r["id"] for r in rows} - running - finished
+
+
+def rescuing(pool: asyncpg.Pool) -> Callable[[], Awaitable[None]]:
+    """Another replica's maintenance, rescuing expired claims every 0.25 s (stale limit 5 s)."""
+
+    async def loop() -> None:
+        maintenance = Maintenance(
+            JobStore(pool, SQL, uuid.uuid4()), SQL, "jobs", interval=60, stale_seconds=5
+        )
+        while True:
+            await maintenance.run_once(prune=False)
+            await anyio.sleep(0.25)
+
+    return loop
+
+
+async def test_claimed_jobs_never_expire_waiting_for_a_runner(pool, sender: Sender) -> None:
+    """Issue 10's case: batch_size 10, concurrency 1, expiry 3 s and a 1 s handler while
+    expired claims are rescued: the worker holds no more jobs than it runs, so all 10 complete
+    on their first attempt, each run once, none rescued."""
+    await make_queue(pool, "q", retry_limit=2, expire_seconds=3)
+    ids = await sender.send_many("q", [{"n": n} for n in range(10)])
+    runs: Counter[int] = Counter()
+    finished: set[int] = set()
+    waiting: set[int] = set()
+
+    async def handler(job: ClaimedJob) -> None:
+        runs[job.id] += 1
+        waiting.update(await waiting_in_hand(pool, {job.id}, finished))
+        await anyio.sleep(1)
+        finished.add(job.id)
+
+    async def settled() -> bool:
+        return all(s in ("completed", "failed") for s, _ in (await states(pool)).values())
+
+    await run_until(
+        pool,
+        Consumer("q", batch_size=10, concurrency=1, run_job=handler),
+        settled,
+        timeout=30,
+        beside=rescuing(pool),
+    )
+    result = await states(pool)
+    assert {result[i] for i in ids} == {("completed", None)}
+    assert runs == Counter({i: 1 for i in ids})
+    attempts = await pool.fetch("SELECT attempt, retry_count FROM jobs.job")
+    assert {(r["attempt"], r["retry_count"]) for r in attempts} == {(1, 0)}
+    assert waiting == set()
+
+
+async def test_a_batch_consumer_claims_only_for_a_free_runner(pool, sender: Sender) -> None:
+    """Jobs arriving one by one while a batch consumer's only runner is busy are not claimed
+    as batches of their own to wait in the worker: the next claim, made when the runner is
+    free, takes them together."""
+    await make_queue(pool, "q", retry_limit=0, expire_seconds=30)
+    running: set[int] = set()
+    finished: set[int] = set()
+    waiting: set[int] = set()
+    batches: list[list[int]] = []
+    first_started = anyio.Event()
+
+    async def run_batch(jobs: list[ClaimedJob]) -> None:
+        mine = {job.id for job in jobs}
+        batches.append(sorted(mine))
+        running.update(mine)
+        waiting.update(await waiting_in_hand(pool, running, finished))
+        first_started.set()
+        await anyio.sleep(0.6)
+        running.difference_update(mine)
+        finished.update(mine)
+
+    ids: list[int] = []
+
+    async def send_one_by_one() -> None:
+        ids.extend(await sender.send_many("q", [{"n": 0}]))
+        await first_started.wait()
+        for n in range(1, 4):
+            ids.extend(await sender.send_many("q", [{"n": n}]))
+            await anyio.sleep(0.1)
+
+    async def settled() -> bool:
+        current = await states(pool)
+        return len(current) == 4 and all(s == "completed" for s, _ in current.values())
+
+    await run_until(
+        pool,
+        Consumer("q", batch_size=5, concurrency=1, run_batch=run_batch),
+        settled,
+        beside=send_one_by_one,
+    )
+    assert waiting == set()
+    assert batches == [[ids[0]], sorted(ids[1:])]
+
+
+async def test_an_unencodable_error_text_sinks_no_other_outcome(pool, sender: Sender) -> None:
+    """A handler error with a lone surrogate and a NUL, failing beside jobs that fail and
+    succeed: every outcome is written, and the error is stored with both replaced."""
+    await make_queue(pool, "q", retry_limit=0)
+    ids = await sender.send_many("q", [{"n": n} for n in range(6)])
+
+    async def handler(job: ClaimedJob) -> None:
+        n = job.data["n"]
+        if n == 0:
+            raise ValueError("bad \ud800 byte\x00 here")
+        if n in (1, 2):
+            raise ValueError(f"plain {n}")
+
+    async def settled() -> bool:
+        return all(s in ("completed", "failed") for s, _ in (await states(pool)).values())
+
+    await run_until(pool, Consumer("q", batch_size=6, concurrency=6, run_job=handler), settled)
+    result = await states(pool)
+    assert result[ids[0]] == ("failed", "ValueError: bad \ufffd byte here")
+    assert [result[i] for i in ids[1:3]] == [
+        ("failed", "ValueError: plain 1"),
+        ("failed", "ValueError: plain 2"),
+    ]
+    assert [result[i] for i in ids[3:]] == [("completed", None)] * 3
+
+
+async def test_a_refused_completion_riding_a_claim_stops_neither_poller_nor_others(
+    pool, sender: Sender, captured_logs
+) -> None:
+    """When the database refuses one job's completion that rides on the next claim, the poller
+    keeps claiming and every other job completes; the refused job alone is given up."""
+    await make_queue(pool, "q", retry_limit=0)
+    ids = await sender.send_many("q", [{"n": n} for n in range(8)])
+    refused = ids[2]
+    await pool.execute(
+        "CREATE FUNCTION public.refuse_outcome() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'refused by the test' USING ERRCODE = '23514'; END $$;"
+        " CREATE TRIGGER refuse_outcome BEFORE UPDATE ON jobs.job FOR EACH ROW"
+        f" WHEN (OLD.id = {int(refused)} AND NEW.state <> 'active')"
+        " EXECUTE FUNCTION public.refuse_outcome()"
+    )
+
+    async def handler(job: ClaimedJob) -> None:
+        await anyio.sleep(0.01)
+
+    async def settled() -> bool:
+        current = await states(pool)
+        return all(current[i][0] == "completed" for i in ids if i != refused)
+
+    await run_until(pool, Consumer("q", batch_size=2, concurrency=2, run_job=handler), settled)
+    assert (await states(pool))[refused][0] == "active"
+    given_up = [e["ids"] for e in captured_logs if e["event"] == "job.outcome_given_up"]
+    assert given_up == [[refused]]

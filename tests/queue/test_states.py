@@ -10,6 +10,8 @@ import pytest
 
 from api_sender import Sender
 from tests.support.queues import make_queue
+from worker.queue.jobs import ClaimedJob
+from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
 from worker.queue.store import JobStore
 
@@ -173,3 +175,68 @@ async def test_terminal_jobs_are_never_claimed(pool, sender: Sender, state: str)
     job_id = await sender.send("q", {})
     await pool.execute(f"UPDATE jobs.job SET state = '{state}' WHERE id = $1", job_id)
     assert await store_for(pool).claim("q", 10) == []
+
+
+async def lose_claim(pool: asyncpg.Pool, job_id: int) -> None:
+    """Put the job back exactly as a server crash that lost its (lazily committed) claim
+    would leave it: waiting again, under its old attempt, with no owner."""
+    await pool.execute(
+        "UPDATE jobs.job SET state = 'created', attempt = attempt - 1, locked_by = NULL,"
+        " started_at = NULL WHERE id = $1",
+        job_id,
+    )
+
+
+async def write_outcome(store: JobStore, job: ClaimedJob, write: str) -> bool:
+    """Write ``job``'s outcome through ``write``; whether it matched the job's row."""
+    if write == "complete":
+        return await store.complete([job]) == {job.id}
+    if write == "complete_lost":
+        return await store.complete_lost([job]) == set()
+    if write == "complete_and_claim":
+        _, lost = await store.complete_and_claim([job], job.queue, 1)
+        return lost == set()
+    if write == "fail":
+        return [o.id for o in await store.fail([(job, "boom")])] == [job.id]
+    assert write == "hand_back"
+    return await store.hand_back([job]) == {job.id}
+
+
+@pytest.mark.parametrize(
+    "write", ["complete", "complete_lost", "complete_and_claim", "fail", "hand_back"]
+)
+async def test_an_outcome_of_a_lost_claim_never_settles_a_later_claim(
+    pool, sender: Sender, write: str
+) -> None:
+    """When a claim is lost and the same worker claims the job again under the same attempt
+    number, the first claim's outcome matches nothing (lease lost) and the second's matches."""
+    await make_queue(pool, "q", retry_limit=3)
+    job_id = await sender.send("q", {})
+    store = store_for(pool)
+    [first] = await store.claim("q", 1)
+    await lose_claim(pool, job_id)
+    [second] = await store.claim("q", 1)
+    assert (second.id, second.attempt) == (first.id, first.attempt)
+    assert not await write_outcome(store, first, write)
+    row = await job_row(pool, job_id)
+    assert (row["st"], row["locked_by"], row["attempt"]) == ("active", store.owner, 1)
+    assert await write_outcome(store, second, write)
+
+
+async def test_a_rescue_of_a_lost_claim_never_settles_a_later_claim(pool, sender: Sender) -> None:
+    """A rescue chosen while the first claim was stale matches nothing once that claim was lost
+    and the job claimed again under the same owner and attempt; the new claim runs on."""
+    await make_queue(pool, "q", retry_limit=3)
+    job_id = await sender.send("q", {})
+    store = store_for(pool)
+    await store.claim("q", 1)
+    await pool.execute("UPDATE jobs.job SET started_at = now() - interval '1 minute'")
+    candidates = await pool.fetch(SQL.rescue_candidates, 30.0, 10)
+    assert [r["id"] for r in candidates] == [job_id]
+    await lose_claim(pool, job_id)
+    [second] = await store.claim("q", 1)
+    maintenance = Maintenance(store_for(pool), SQL, "jobs", interval=60, stale_seconds=30)
+    assert await maintenance.rescue(candidates) == 0
+    row = await job_row(pool, job_id)
+    assert (row["st"], row["locked_by"], row["attempt"]) == ("active", store.owner, 1)
+    assert await store.complete([second]) == {job_id}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -10,6 +11,7 @@ import pytest
 
 from api_sender import InvalidJob, QueueNotFound, Sender
 from tests.support.queues import make_queue
+from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
 from worker.queue.store import JobStore
 
@@ -88,3 +90,77 @@ async def test_timer_input_errors(pool, sender: Sender) -> None:
     with pytest.raises(QueueNotFound):
         await sender.timers.schedule("nope", delay_seconds=1, key="k")
     assert await pool.fetchval("SELECT count(*) FROM jobs.job") == 0
+
+
+async def _pending(pool, key: str) -> list[int]:
+    """Ids of the timers of ``key`` that may still run (waiting or running)."""
+    rows = await pool.fetch(
+        "SELECT id FROM jobs.job WHERE singleton_key = $1 AND state IN ('created', 'retry',"
+        " 'active') ORDER BY id",
+        key,
+    )
+    return [r["id"] for r in rows]
+
+
+@pytest.mark.parametrize("outcome", ["complete", "fail", "fail_for_good", "hand_back", "rescue"])
+async def test_replace_of_a_running_timer_cancels_it_for_every_outcome(
+    pool, sender: Sender, outcome: str
+) -> None:
+    """A replace while the old timer runs cancels it: its handler's late outcome (complete,
+    fail, hand back, or a rescue of its silent worker) matches nothing, and only the new timer
+    is left to run."""
+    await make_queue(pool, "t-dead")
+    # At its last attempt, the old timer's failure would also leave a dead-letter copy.
+    options = {"retry_limit": 0, "dead_letter": "t-dead"} if outcome == "fail_for_good" else {}
+    await make_queue(pool, "t", **options)
+    old = await sender.timers.schedule("t", delay_seconds=0, key="k")
+    store = JobStore(pool, SQL, uuid.uuid4())
+    [running] = await store.claim("t", 1)
+    assert running.id == old
+    new = await sender.timers.schedule("t", delay_seconds=60, key="k")
+    if outcome == "complete":
+        assert await store.complete([running]) == set()
+    elif outcome in ("fail", "fail_for_good"):
+        assert await store.fail([(running, "boom")]) == []
+    elif outcome == "hand_back":
+        assert await store.hand_back([running]) == set()
+    else:
+        # The worker went silent long ago (it has no worker row at all): a rescue pass.
+        await pool.execute(
+            "UPDATE jobs.job SET started_at = now() - interval '1 hour' WHERE id = $1", old
+        )
+        maintenance = Maintenance(store, SQL, "jobs", interval=1, stale_seconds=5)
+        assert await maintenance.run_once(prune=False) == (0, 0)
+    states = dict(await pool.fetch("SELECT id, state::text FROM jobs.job"))
+    assert states == {old: "cancelled", new: "created"}
+    assert await _pending(pool, "k") == [new]
+
+
+async def test_cancel_of_a_running_timer_cancels_it(pool, sender: Sender) -> None:
+    """cancel() of a key whose timer is running cancels it (True); its late failure cannot
+    put it back in retry, and a second cancel finds nothing."""
+    await make_queue(pool, "t")
+    old = await sender.timers.schedule("t", delay_seconds=0, key="k")
+    store = JobStore(pool, SQL, uuid.uuid4())
+    [running] = await store.claim("t", 1)
+    assert await sender.timers.cancel("t", "k") is True
+    assert await store.fail([(running, "boom")]) == []
+    assert await pool.fetchval("SELECT state::text FROM jobs.job WHERE id = $1", old) == (
+        "cancelled"
+    )
+    assert await sender.timers.cancel("t", "k") is False
+
+
+async def test_cancel_reads_indexes_among_many_finished_timers(pool, sender: Sender) -> None:
+    """With 50,000 finished timers present, a cancel (and so a replace) never scans the table."""
+    await make_queue(pool, "t")
+    await pool.execute(
+        """INSERT INTO jobs.job (queue, state, retry_limit, retry_delay, retry_backoff,
+                                 expire_seconds, completed_at, singleton_key, is_timer)
+           SELECT 't', 'completed', 0, 0, false, 900, now(), 'k' || i, true
+           FROM generate_series(1, 50000) i"""
+    )
+    await sender.timers.schedule("t", delay_seconds=60, key="k1")
+    await pool.execute("ANALYZE jobs.job")
+    plan = await pool.fetchval("EXPLAIN (FORMAT JSON) " + sender.statements.cancel_timer, "t", "k1")
+    assert "Seq Scan" not in json.dumps(plan)

@@ -60,12 +60,14 @@ def free_port() -> int:
             return port
 
 
-def base_env(database_url: str, *, fast: bool = True, **extra: str) -> dict[str, str]:
+def base_env(database_url: str | None, *, fast: bool = True, **extra: str) -> dict[str, str]:
     """The environment of a daemon process: FAST_TIMINGS for a test (``fast``), else the
-    defaults and BENCH_SETTINGS (a benchmark); nothing in _NOT_INHERITED from the caller."""
+    defaults and BENCH_SETTINGS (a benchmark); nothing in _NOT_INHERITED from the caller.
+    ``database_url`` ``None`` leaves DATABASE_URL unset, for the embedded server."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
     env.update(FAST_TIMINGS if fast else BENCH_SETTINGS)
-    env["DATABASE_URL"] = database_url
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
@@ -172,7 +174,7 @@ class Daemon:
 
 
 def start_daemon(
-    database_url: str,
+    database_url: str | None,
     log_dir: Path,
     *,
     role: str = "worker",
@@ -200,7 +202,7 @@ def start_daemon(
 
 
 def run_cli(
-    database_url: str,
+    database_url: str | None,
     *args: str,
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
@@ -216,6 +218,20 @@ def run_cli(
         cwd=cwd,
         check=False,
     )
+
+
+def split_stderr(stderr: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """A CLI command's stderr as (its JSON log records, every other line): every command but
+    run logs to stderr, so a one-line report is the one line that is not a log record."""
+    records: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for line in stderr.strip().splitlines():
+        value = _decode(line)
+        if isinstance(value, dict) and "event" in value:
+            records.append(value)
+        else:
+            lines.append(line)
+    return records, lines
 
 
 _PROC_NET = Path("/proc/self/net/tcp")

@@ -291,3 +291,44 @@ DRILL_SOAK = [
         ),
     )
 ]
+
+
+# --- Declarations the install must refuse, or must re-apply (tests/daemon/test_declarations.py) --
+
+#: A tool queue named TEST_TOOL_QUEUE (a chassis queue's name: refused at boot).
+REDECLARE = [
+    JobDeclaration(queue=os.environ.get("TEST_TOOL_QUEUE", "usage-events"), handler=record)
+]
+
+#: A dead letter of policy TEST_TOOL_DEAD_POLICY (short and stately are refused at boot).
+DEAD_LETTER_POLICY = [
+    JobDeclaration(
+        queue="tool-dead",
+        handler=record,
+        options=QueueOptions(policy=os.environ.get("TEST_TOOL_DEAD_POLICY", "short")),
+    ),
+    JobDeclaration(queue="tool-src", handler=record, options=QueueOptions(dead_letter="tool-dead")),
+]
+
+#: A queue whose dead letter is itself.
+SELF_DEAD_LETTER = [
+    JobDeclaration(queue="tool-self", handler=record, options=QueueOptions(dead_letter="tool-self"))
+]
+
+#: A queue whose dead letter this deployment does not declare (another one installed it).
+DEAD_LETTER_ELSEWHERE = [
+    JobDeclaration(
+        queue="tool-src", handler=record, options=QueueOptions(dead_letter="tool-elsewhere")
+    )
+]
+
+#: The work queue with the policy TEST_TOOL_POLICY: a redeploy changes it.
+POLICY = [
+    JobDeclaration(
+        queue="tool-policy",
+        handler=record,
+        batch_size=10,
+        concurrency=4,
+        options=QueueOptions(policy=os.environ.get("TEST_TOOL_POLICY", "standard")),
+    )
+]

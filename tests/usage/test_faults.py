@@ -18,10 +18,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.drill]
 
 
 def _events(n: int, **extra: object) -> list[dict[str, object]]:
-    return [
-        {"id": new_ulid(), "meter": "api.calls", "quantity": 1, "workspace_id": "w1", **extra}
-        for _ in range(n)
-    ]
+    """``n`` valid events (the ingest requires occurred_at), with ``extra`` fields."""
+    base = {"meter": "api.calls", "quantity": 1, "workspace_id": "w1"}
+    when = {"occurred_at": "2024-05-01T12:00:00Z"}
+    return [{"id": new_ulid(), **base, **when, **extra} for _ in range(n)]
 
 
 def _send(daemon: Daemon, events: list[dict[str, object]]) -> set[str]:

@@ -306,3 +306,242 @@ def test_database_unreachable_at_boot_answers_503(tmp_path: Path) -> None:
         assert ingest(daemon, _event()).status_code == 503
     finally:
         daemon.stop()
+
+
+# --- Hostile input (issue 10, C14) -------------------------------------------------------------
+
+
+def _raw(
+    api: Daemon, path: str, body: bytes | str, content_type: str | None = None
+) -> httpx.Response:
+    """POST raw bytes with the token and (unless None) a JSON content type."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    raw = body.encode() if isinstance(body, str) else body
+    return httpx.post(api.url(path), content=raw, headers=headers, timeout=15)
+
+
+def _json(api: Daemon, path: str, body: bytes | str) -> httpx.Response:
+    return _raw(api, path, body, "application/json")
+
+
+def _fields(response: httpx.Response) -> set[str]:
+    return {e["field"] for e in response.json().get("errors", [])}
+
+
+def _count(url: str, queue: str) -> int:
+    return int(fetch(url, "SELECT count(*) FROM jobs.job WHERE queue = $1", queue)[0][0])
+
+
+def _event_text(**fields: str) -> str:
+    """One event as JSON text; ``fields`` are raw JSON snippets (escapes stay escapes)."""
+    parts = {
+        "meter": '"api.calls"',
+        "quantity": "1",
+        "workspace_id": '"w1"',
+        "occurred_at": '"2024-05-01T12:00:00Z"',
+        **fields,
+    }
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in parts.items()) + "}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"meter": r'"api\u0000calls"'}, "meter"),
+        ({"meter": r'"\ud800"'}, "meter"),
+        ({"workspace_id": r'"w\u0000"'}, "workspace_id"),
+        ({"workspace_id": r'"w\udfff"'}, "workspace_id"),
+        ({"dimensions": r'{"region": "eu\u0000"}'}, "dimensions"),
+        ({"dimensions": r'{"region\u0000": "eu"}'}, "dimensions"),
+        ({"dimensions": r'{"region": ["\ud800"]}'}, "dimensions"),
+        ({"dimensions": '{"big": 1e400}'}, "dimensions"),
+        ({"quantity": "1e400"}, "quantity"),
+        ({"occurred_at": '"9999-12-31T23:59:59-01:00"'}, "occurred_at"),
+        ({"occurred_at": '"0001-01-01T00:00:00+01:00"'}, "occurred_at"),
+    ],
+)
+def test_unstorable_event_fields_answer_400_naming_them(
+    api: Daemon, shared_db: str, fields: dict[str, str], field: str
+) -> None:
+    """NUL, lone surrogates, 1e400 and instants outside years 1-9999 in an event answer 400
+    naming the field (never a 500), and nothing is enqueued."""
+    event_id = new_ulid()
+    response = _json(api, "/v1/usage-events", _event_text(id=f'"{event_id}"', **fields))
+    assert response.status_code == 400, response.text
+    assert field in _fields(response), response.text
+    assert _stored(shared_db, [event_id]) == []
+
+
+def test_an_event_without_occurred_at_is_refused(api: Daemon, shared_db: str) -> None:
+    """occurred_at is required on HTTP (contract section 4): 400 naming it, nothing enqueued."""
+    event_id = new_ulid()
+    body = {"id": event_id, "meter": "api.calls", "quantity": 1, "workspace_id": "w1"}
+    response = ingest(api, {"events": [_event(), body]})
+    assert response.status_code == 400
+    assert [(e["index"], e["field"]) for e in response.json()["errors"]] == [(1, "occurred_at")]
+    assert _stored(shared_db, [event_id]) == []
+
+
+def test_duplicate_keys_are_refused_not_last_one_wins(api: Daemon, shared_db: str) -> None:
+    """An object with one key twice ("quantity": 1, ..., "quantity": 1000) answers 400 naming
+    the key; nothing is enqueued (last-one-wins would bill 1000)."""
+    event_id = new_ulid()
+    text = _event_text(id=f'"{event_id}"', quantity="1")[:-1] + ', "quantity": 1000}'
+    response = _json(api, "/v1/usage-events", text)
+    assert response.status_code == 400, response.text
+    assert "quantity" in _fields(response)
+    assert _stored(shared_db, [event_id]) == []
+    nested = _json(api, "/v1/jobs/reports", '{"data": {"a": 1, "a": 2}}')
+    assert nested.status_code == 400
+    assert "a" in _fields(nested)
+
+
+@pytest.mark.parametrize("depth", [100, 965, 969, 5000])
+def test_deep_nesting_answers_400_naming_the_limit(api: Daemon, shared_db: str, depth: int) -> None:
+    """JSON nested past the limit answers 400 that names the nesting (not a RecursionError
+    500); nothing is enqueued."""
+    before = _count(shared_db, "reports")
+    body = '{"data": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
+    response = _json(api, "/v1/jobs/reports", body)
+    assert response.status_code == 400, response.text
+    assert "nest" in response.text
+    assert _count(shared_db, "reports") == before
+
+
+def test_nesting_within_the_limit_is_accepted(api: Daemon) -> None:
+    """Data nested 60 levels deep is an ordinary job."""
+    body = '{"data": ' + '{"a": ' * 60 + "1" + "}" * 60 + "}"
+    assert _json(api, "/v1/jobs/reports", body).status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (r'{"data": {"x": "a\u0000b"}}', "data.x"),
+        (r'{"data": {"x\u0000": 1}}', "data.x\\u0000"),
+        (r'{"data": {"x": ["\ud800"]}}', "data.x.0"),
+        ('{"data": {"x": 1e400}}', "data.x"),
+        (r'{"data": {}, "singleton_key": "k\u0000"}', "singleton_key"),
+        (r'{"data": {}, "singleton_key": "\udbff"}', "singleton_key"),
+        ('{"data": {}, "start_after_seconds": 1e13}', "start_after_seconds"),
+        ('{"data": {}, "start_after_seconds": 1e308}', "start_after_seconds"),
+        ('{"data": {}, "start_after_seconds": 1e400}', "start_after_seconds"),
+        ('{"data": {}, "start_after_seconds": "5"}', "start_after_seconds"),
+        ('{"data": {}, "start_after_seconds": true}', "start_after_seconds"),
+        ('{"data": {}, "priority": 1.5}', "priority"),
+    ],
+)
+def test_unstorable_job_fields_answer_400_naming_them(
+    api: Daemon, shared_db: str, body: str, field: str
+) -> None:
+    """NUL, lone surrogates, 1e400, delays past 100 years and non-numbers in a job answer 400
+    naming the field; nothing is enqueued."""
+    before = _count(shared_db, "reports")
+    response = _json(api, "/v1/jobs/reports", body)
+    assert response.status_code == 400, response.text
+    assert field in _fields(response), response.text
+    assert _count(shared_db, "reports") == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('{"delay_seconds": 1e13}', "delay_seconds"),
+        ('{"delay_seconds": 1e308}', "delay_seconds"),
+        ('{"delay_seconds": "5"}', "delay_seconds"),
+        ('{"delay_seconds": false}', "delay_seconds"),
+        ('{"at": "9999-12-31T23:59:59-01:00"}', "at"),
+        ('{"at": "0001-01-01T00:00:00+01:00"}', "at"),
+        (r'{"delay_seconds": 1, "key": "k\u0000"}', "key"),
+        (r'{"delay_seconds": 1, "key": "\ud800"}', "key"),
+        (r'{"delay_seconds": 1, "data": {"n": "\u0000"}}', "data.n"),
+    ],
+)
+def test_unstorable_timer_fields_answer_400_naming_them(
+    api: Daemon, shared_db: str, body: str, field: str
+) -> None:
+    """Out-of-range instants and delays, non-numbers, NUL and surrogates in a timer answer 400
+    naming the field; nothing is enqueued."""
+    before = _count(shared_db, "reports")
+    response = _json(api, "/v1/timers/reports", body)
+    assert response.status_code == 400, response.text
+    assert field in _fields(response), response.text
+    assert _count(shared_db, "reports") == before
+
+
+def test_a_nul_in_the_queue_name_answers_400(api: Daemon) -> None:
+    """%00 in the queue of a job, timer or timer cancel answers 400 naming the queue."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for response in (
+        _json(api, "/v1/jobs/re%00ports", '{"data": {}}'),
+        _json(api, "/v1/timers/re%00ports", '{"delay_seconds": 1}'),
+        httpx.delete(api.url("/v1/timers/re%00ports/k"), headers=headers),
+        httpx.delete(api.url("/v1/timers/reports/k%00"), headers=headers),
+    ):
+        assert response.status_code == 400, response.text
+        assert _fields(response) & {"queue", "key"}, response.text
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+        "application/jsonx",
+    ],
+)
+def test_a_body_that_is_not_application_json_answers_415(
+    api: Daemon, shared_db: str, content_type: str | None
+) -> None:
+    """Only application/json (UTF-8) is read: any other or no Content-Type answers 415 and
+    enqueues nothing, on every /v1 POST."""
+    event_id = new_ulid()
+    before = _count(shared_db, "reports")
+    for path, body in (
+        ("/v1/usage-events", _event_text(id=f'"{event_id}"')),
+        ("/v1/jobs/reports", '{"data": {}}'),
+        ("/v1/timers/reports", '{"delay_seconds": 1}'),
+    ):
+        response = _raw(api, path, body, content_type)
+        assert response.status_code == 415, (path, response.text)
+        assert "Content-Type" in _fields(response)
+    assert _stored(shared_db, [event_id]) == []
+    assert _count(shared_db, "reports") == before
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", 'Application/JSON; charset="UTF-8"']
+)
+def test_application_json_with_utf8_charset_is_accepted(api: Daemon, content_type: str) -> None:
+    """application/json with a UTF-8 charset, any case, is an ordinary request."""
+    response = _raw(api, "/v1/usage-events", _event_text(), content_type)
+    assert response.status_code == 202, response.text
+
+
+def test_a_body_that_is_not_utf8_answers_400(api: Daemon, shared_db: str) -> None:
+    """A body in another encoding (UTF-16 here) answers 400 naming the encoding; a UTF-8 byte
+    order mark (not JSON) is refused too; nothing is enqueued."""
+    event_id = new_ulid()
+    text = _event_text(id=f'"{event_id}"')
+    response = _json(api, "/v1/usage-events", text.encode("utf-16"))
+    assert response.status_code == 400
+    assert "UTF-8" in response.json()["error"]
+    assert _json(api, "/v1/usage-events", b"\xef\xbb\xbf" + text.encode()).status_code == 400
+    assert _stored(shared_db, [event_id]) == []
+
+
+def test_errors_do_not_echo_huge_or_secret_input(api: Daemon) -> None:
+    """A 200,000-character unknown key or a token-looking value is not quoted back whole."""
+    key = "k" * 200_000
+    response = _json(api, "/v1/usage-events", _event_text(**{key: "1"}))
+    assert response.status_code == 400
+    assert len(response.text) < 2_000
+    secret = "sk_live_" + "x" * 40
+    response = _json(api, "/v1/jobs/reports", f'{{"data": {{}}, "priority": "{secret}"}}')
+    assert response.status_code == 400
+    assert secret not in response.text

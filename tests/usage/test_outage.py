@@ -25,7 +25,12 @@ def _send(daemon: Daemon, n: int) -> set[str]:
     ids: set[str] = set()
     for start_at in range(0, n, 1000):
         events = [
-            {"meter": "api.calls", "quantity": i, "workspace_id": f"w{i % 7}"}
+            {
+                "meter": "api.calls",
+                "quantity": i,
+                "workspace_id": f"w{i % 7}",
+                "occurred_at": "2024-05-01T12:00:00Z",
+            }
             for i in range(start_at, min(n, start_at + 1000))
         ]
         response = ingest(daemon, {"events": events})

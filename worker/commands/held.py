@@ -20,6 +20,7 @@ from api_sender import Sender
 from ..boot import database_url
 from ..jobs.usage.operator import EVERYTHING, HeldRow, HeldStore, Selection
 from ..settings import Settings
+from .failures import reaching
 
 log = structlog.get_logger("worker.held")
 
@@ -55,9 +56,15 @@ async def held_command(settings: Settings, args: argparse.Namespace) -> int:
 
     selection = _selection(args, UsageError)
     url = await database_url(settings)
-    async with Sender.connect(
-        url, schema=settings.jobs_schema, min_size=1, max_size=1, usage_retry=settings.usage_retry
-    ) as sender:
+    async with reaching(url):
+        sender = await Sender.connect(
+            url,
+            schema=settings.jobs_schema,
+            min_size=1,
+            max_size=1,
+            usage_retry=settings.usage_retry,
+        ).open()
+    try:
         store = HeldStore(sender)
         if args.held_action == "list":
             rows = await store.listing(limit=args.limit if args.limit > 0 else None)
@@ -76,6 +83,8 @@ async def held_command(settings: Settings, args: argparse.Namespace) -> int:
             done = await store.discard(selection, actor)
             log.warning("held.discarded", ids=done, count=len(done), actor=actor)
             print(f"discarded {len(done)} event(s); audit row written" if done else "discarded 0")
+    finally:
+        await sender.close()
     for event_id in done:
         print(event_id)
     missing = [] if selection.everything else selection.missing(done)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
+
+import anyio
 
 from api_sender import InvalidJob, QueueNotFound, Sender
 
@@ -16,6 +19,8 @@ from ..jobs.registry import installed_jobs
 from ..jobs.tools import load_declarations
 from ..queue.sql import render
 from ..settings import Settings
+from .failures import reaching
+from .sending import prepare_send
 
 STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
 
@@ -30,24 +35,35 @@ async def run_command(settings: Settings, _: argparse.Namespace) -> int:
     return await run(settings, tools)
 
 
-async def migrate_command(settings: Settings, _: argparse.Namespace) -> int:
-    """``chassis-worker migrate``: the worker's install section, then exit."""
+async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
+    """``chassis-worker migrate [--wait SECONDS]``: the worker's install section, then exit.
+
+    A database that is not up yet is waited for, ``--wait`` seconds at most (a server still
+    starting next to a one-shot migrate), then reported as unreachable (exit 1).
+    """
+    from ..cli import UsageError
+
+    if not 0 <= args.wait <= 86_400:
+        raise UsageError("invalid --wait: give 0 to 86400 seconds")
     tools = load_declarations(settings.tool_job_paths)
     url = await database_url(settings)
-    await install(
-        url,
-        settings.jobs_schema,
-        installed_jobs(settings, tools),
-        cron_tz=settings.cron_tz,
-        lock_timeout=settings.install_lock_timeout_seconds,
-    )
+    async with reaching(url):
+        await install(
+            url,
+            settings.jobs_schema,
+            installed_jobs(settings, tools),
+            cron_tz=settings.cron_tz,
+            lock_timeout=settings.install_lock_timeout_seconds,
+            connect_deadline=anyio.current_time() + args.wait,
+        )
     print("migrated")
     return 0
 
 
 async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
     """One entry per queue: counts per state, the oldest waiting job's age, the last purge run."""
-    conn = await connect(url)
+    async with reaching(url):
+        conn = await connect(url)
     try:
         async with conn.transaction(readonly=True):
             # jit off: see the statement.
@@ -124,23 +140,27 @@ def _purge_cell(last: dict[str, Any] | None) -> str:
 
 
 async def send_command(settings: Settings, args: argparse.Namespace) -> int:
-    """``chassis-worker send QUEUE JSON [--start-after S] [--key K]``."""
+    """``chassis-worker send QUEUE JSON [--start-after S] [--key K]``.
+
+    The data must be what a handler takes (a JSON object, or null); a send to usage-events must
+    be a usage event the ingest would accept, and is sent as the ingest sends it.
+    """
     from ..cli import UsageError
 
-    try:
-        data = json.loads(args.data)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"invalid JSON argument: {exc}") from None
+    data, options = prepare_send(
+        args.queue, args.data, args.start_after, args.key, settings.usage_retry, UsageError
+    )
     url = await database_url(settings)
-    async with Sender.connect(url, schema=settings.jobs_schema, max_size=1) as sender:
-        try:
-            job_id = await sender.send(
-                args.queue, data, start_after=args.start_after, singleton_key=args.key
-            )
-        except (InvalidJob, QueueNotFound) as exc:
-            raise UsageError(f"error: {exc}") from None
+    async with reaching(url):
+        sender = await Sender.connect(url, schema=settings.jobs_schema, max_size=1).open()
+    try:
+        job_id = await sender.send_with(args.queue, data, options)
+    except (InvalidJob, QueueNotFound) as exc:
+        raise UsageError(f"error: {exc}") from None
+    finally:
+        await sender.close()
     if job_id is None:
-        print("not sent: the queue's policy already holds a job with that key")
+        print("not sent: the queue's policy already holds a job with that key", file=sys.stderr)
         return 1
     print(job_id)
     return 0

@@ -11,6 +11,8 @@ import structlog
 
 from api_sender import create_pool
 
+from ..settings import ConfigError
+
 log = structlog.get_logger("worker.db")
 
 #: Errors that mean "the database is not reachable right now", worth a retry with backoff.
@@ -32,6 +34,17 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+#: What the worker's own loops (listener and probe, pollers, completer, heartbeat, maintenance,
+#: cron) retry with backoff instead of exiting: an unreachable database, and a statement the
+#: server gave up on that a retry may pass: cancelled by statement_timeout (or an operator), a
+#: deadlock or serialization failure (class 40). Not for HTTP answers: there only
+#: TRANSIENT_ERRORS mean "database unreachable".
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
+    *TRANSIENT_ERRORS,
+    asyncpg.QueryCanceledError,
+    asyncpg.TransactionRollbackError,
+)
+
 
 def backoff_delay(attempt: int, *, base: float = 0.2, cap: float = 5.0) -> float:
     """Full-jitter exponential backoff: a random delay up to ``base * 2**attempt``, capped."""
@@ -46,11 +59,17 @@ async def connect(url: str, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.
 async def connect_with_retry(
     url: str, *, what: str, deadline: float | None = None, **kwargs: Any
 ) -> asyncpg.Connection:
-    """Connect, retrying transient failures with jittered backoff until ``deadline`` (monotonic)."""
+    """Connect, retrying transient failures with jittered backoff until ``deadline`` (monotonic).
+
+    A URL asyncpg refuses outright (a bad sslmode, say) is configuration, never retried. The
+    loop is cancellable at every wait: a stop during boot ends it at once.
+    """
     attempt = 0
     while True:
         try:
             return await connect(url, **kwargs)
+        except asyncpg.ClientConfigurationError as exc:
+            raise ConfigError(f"invalid configuration: DATABASE_URL: {exc}") from None
         except TRANSIENT_ERRORS as exc:
             if deadline is not None and anyio.current_time() >= deadline:
                 raise
@@ -63,6 +82,8 @@ async def connect_with_retry(
                 error=f"{type(exc).__name__}: {exc}",
             )
             attempt += 1
+            if deadline is not None:
+                delay = max(0.0, min(delay, deadline - anyio.current_time()))
             await anyio.sleep(delay)
 
 
@@ -76,3 +97,43 @@ async def open_pool(url: str, *, size: int, statement_cache_size: int) -> asyncp
         timeout=10.0,
         max_inactive_connection_lifetime=300.0,
     )
+
+
+#: The connections a role may hold at once on this server: max_connections (less the slots
+#: reserved for superusers and pg_use_reserved_connections, for everyone else), the role's and
+#: the database's CONNECTION LIMIT (-1: none; superusers are exempt from all of these). Catalog
+#: lookups of the current role and database only; no lock.
+CONNECTION_LIMITS = """
+SELECT r.rolsuper AS superuser,
+       current_setting('max_connections')::int AS max_connections,
+       current_setting('superuser_reserved_connections')::int
+         + coalesce(current_setting('reserved_connections', true), '0')::int AS reserved,
+       r.rolconnlimit AS role_limit,
+       d.datconnlimit AS database_limit
+FROM pg_roles r, pg_database d
+WHERE r.rolname = current_user AND d.datname = current_database()
+"""
+
+
+async def check_pool_fits(pool: asyncpg.Pool, size: int, listener: bool) -> None:
+    """Raise :class:`ConfigError` naming DATABASE_POOL_SIZE when the server can never give this
+    process its pool (plus the worker's dedicated LISTEN connection)."""
+    row = await pool.fetchrow(CONNECTION_LIMITS)
+    if row is None:
+        return
+    needed = size + (1 if listener else 0)
+    if row["superuser"]:
+        limits = {"the server's max_connections": row["max_connections"]}
+    else:
+        limits = {"the server's max_connections": row["max_connections"] - row["reserved"]}
+        if row["role_limit"] >= 0:
+            limits["the role's CONNECTION LIMIT"] = row["role_limit"]
+        if row["database_limit"] >= 0:
+            limits["the database's CONNECTION LIMIT"] = row["database_limit"]
+    which, allowed = min(limits.items(), key=lambda item: item[1])
+    if needed > allowed:
+        extra = " plus the listener's connection" if listener else ""
+        raise ConfigError(
+            f"invalid configuration: DATABASE_POOL_SIZE: {size}{extra} needs {needed} "
+            f"connections, but {which} allows {allowed}; lower DATABASE_POOL_SIZE"
+        )

@@ -1,33 +1,32 @@
-"""What every /v1 request goes through: the bearer token, a bounded body, database errors.
+"""What every /v1 request goes through: the bearer token, database errors, a client that left.
 
 ``IngestAuth`` runs before routing, so an unknown /v1 path or a wrong method gets the same 403
-or 401 as a known one and reveals nothing to a caller without the token.
+or 401 as a known one and reveals nothing to a caller without the token. The body is read by
+:mod:`.body`.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 import asyncpg
 import structlog
-from pydantic import SecretStr
-from starlette.requests import Request
+from pydantic import SecretStr, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api_sender import Sender
+from api_sender import InvalidJob, Sender
+from api_sender.storable import segment
 
 from ..db.connections import TRANSIENT_ERRORS
 from ..state import ServiceState
 
 log = structlog.get_logger("worker.ingest")
 
-#: The largest request body /v1 reads (1 MiB); larger answers 413.
-MAX_BODY_BYTES = 1 << 20
 #: How long one request may wait on the database before it answers 503.
 DATABASE_TIMEOUT_SECONDS = 10.0
 
@@ -37,15 +36,55 @@ T = TypeVar("T")
 class HttpError(Exception):
     """A request the endpoint refuses: status, a short error and optional field-level details."""
 
-    def __init__(self, status: int, error: str, **details: Any) -> None:
+    def __init__(
+        self, status: int, error: str, *, headers: dict[str, str] | None = None, **details: Any
+    ) -> None:
         super().__init__(error)
         self.status = status
         self.error = error
+        self.headers = headers
         self.details = details
 
     def response(self) -> JSONResponse:
         """The JSON answer: ``{"error": ..., **details}``."""
-        return JSONResponse({"error": self.error, **self.details}, status_code=self.status)
+        return JSONResponse(
+            {"error": self.error, **self.details}, status_code=self.status, headers=self.headers
+        )
+
+
+def field_errors(
+    exc: ValidationError, whole: str, index: int | None = None
+) -> list[dict[str, Any]]:
+    """A pydantic error as ``{"field", "message"}`` items; field names come from the caller's
+    keys, so each step is escaped and shortened (:func:`segment`) before it is echoed."""
+    errors: list[dict[str, Any]] = []
+    for problem in exc.errors():
+        field = ".".join(segment(part) for part in problem["loc"]) or whole
+        message = str(problem["msg"]).removeprefix("Value error, ")[:300]
+        error: dict[str, Any] = {"field": field, "message": message}
+        if index is not None:
+            error["index"] = index
+        errors.append(error)
+    return errors
+
+
+class ClientGone:
+    """ASGI middleware: a client that hangs up before its body is read is one log line
+    (``http.client_disconnected``), not a traceback; there is nobody left to answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            log.info(
+                "http.client_disconnected",
+                method=scope.get("method"),
+                path=scope.get("path"),
+                client=(scope.get("client") or [None])[0],
+            )
 
 
 class IngestAuth:
@@ -88,36 +127,6 @@ class IngestAuth:
         return None
 
 
-async def read_json(request: Request) -> Any:
-    """The request's JSON body, at most :data:`MAX_BODY_BYTES`.
-
-    The declared Content-Length is checked first, then the bytes actually read, so a chunked
-    body or a lying header cannot push more than the limit into memory. NaN and Infinity are
-    refused: JSON has no such values and the queue could not store them.
-    """
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.strip().isdigit():
-            raise HttpError(400, "invalid Content-Length")
-        if int(declared) > MAX_BODY_BYTES:
-            raise HttpError(413, "request body too large", limit_bytes=MAX_BODY_BYTES)
-    body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > MAX_BODY_BYTES:
-            raise HttpError(413, "request body too large", limit_bytes=MAX_BODY_BYTES)
-    if not body:
-        raise HttpError(400, "empty body: a JSON object is required")
-    try:
-        return json.loads(bytes(body), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise HttpError(400, f"invalid JSON: {exc}") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
 async def in_database(state: ServiceState, work: Callable[[Sender], Awaitable[T]]) -> T:
     """Run ``work`` with the process's sender; 503 when the database cannot be reached.
 
@@ -131,6 +140,12 @@ async def in_database(state: ServiceState, work: Callable[[Sender], Awaitable[T]
     try:
         with anyio.fail_after(DATABASE_TIMEOUT_SECONDS):
             return await work(sender)
+    except InvalidJob as exc:
+        # The producer's own check (NUL, surrogates, ranges), before any write: the caller's.
+        field = exc.field or "(body)"
+        raise HttpError(
+            400, "invalid request", errors=[{"field": field, "message": str(exc)[:300]}]
+        ) from None
     except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
         raise HttpError(503, "schema not installed: a worker install creates it") from None
     except TRANSIENT_ERRORS as exc:

@@ -1,7 +1,9 @@
 """/v1/*: usage-event ingest, jobs and timers (api and all roles).
 
 ``POST /v1/usage-events`` takes one event or ``{"events": [...]}`` (1-1000) and enqueues them
-all in one statement, or none: any invalid event answers 400 with field-level errors.
+all in one statement, or none: any invalid event answers 400 with field-level errors. Unlike
+the Python API, HTTP requires ``occurred_at`` (contract section 4): a client's own clock says
+when usage happened, not the time its request got through.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from api_sender import QueueNotFound, Sender, UsageEvent
+from api_sender.storable import segment
 
 from ..state import ServiceState
-from .guard import HttpError, IngestAuth, in_database, read_json
+from .body import read_json
+from .guard import ClientGone, HttpError, IngestAuth, field_errors, in_database
 from .jobs_api import jobs_routes
 
 log = structlog.get_logger("worker.ingest")
@@ -31,10 +35,11 @@ MAX_ERRORS_SHOWN = 100
 
 def ingest_routes(state: ServiceState) -> list[BaseRoute]:
     """The /v1 routes behind the bearer-token check."""
+    body_timeout = state.settings.http_body_timeout_seconds
 
     async def usage_events(request: Request) -> Response:
         try:
-            events = parse_events(await read_json(request))
+            events = parse_events(await read_json(request, timeout=body_timeout))
 
             async def enqueue(sender: Sender) -> list[int]:
                 return await sender.usage.enqueue(events)
@@ -65,7 +70,10 @@ def ingest_routes(state: ServiceState) -> list[BaseRoute]:
         Mount(
             "/v1",
             routes=routes,
-            middleware=[Middleware(IngestAuth, token=state.settings.ingest_token)],
+            middleware=[
+                Middleware(ClientGone),
+                Middleware(IngestAuth, token=state.settings.ingest_token),
+            ],
         )
     ]
 
@@ -76,7 +84,9 @@ def parse_events(body: Any) -> list[UsageEvent]:
         unknown = sorted(set(body) - {"events"})
         if unknown:
             raise HttpError(
-                400, "invalid request", errors=[_error(None, k, "unknown field") for k in unknown]
+                400,
+                "invalid request",
+                errors=[_error(None, segment(k), "unknown field") for k in unknown[:10]],
             )
         items = body["events"]
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_EVENTS:
@@ -93,13 +103,14 @@ def parse_events(body: Any) -> list[UsageEvent]:
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
     for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("occurred_at") is None:
+            errors.append(
+                _error(index, "occurred_at", "required: an RFC 3339 timestamp with an offset")
+            )
         try:
             event = UsageEvent.model_validate(item)
         except ValidationError as exc:
-            for problem in exc.errors():
-                field = ".".join(str(part) for part in problem["loc"]) or "(event)"
-                message = str(problem["msg"]).removeprefix("Value error, ")
-                errors.append(_error(index, field, message))
+            errors.extend(field_errors(exc, "(event)", index))
             continue
         if event.id in seen:
             errors.append(_error(index, "id", "the same id appears twice in this request"))

@@ -20,11 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, InvalidJob, QueueNotFound, Sender
+from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, QueueNotFound, Sender
 from api_sender.events import parse_timestamp
+from api_sender.options import MAX_START_AFTER_SECONDS
+from api_sender.storable import segment
 
 from ..state import ServiceState
-from .guard import HttpError, in_database, read_json
+from .body import read_json
+from .guard import HttpError, field_errors, in_database
 
 log = structlog.get_logger("worker.ingest")
 
@@ -38,7 +41,10 @@ class JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data: dict[str, Any]
-    start_after_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
+    # strict: a number, not "5" or true; at most 100 years (api_sender's limit).
+    start_after_seconds: float | None = Field(
+        None, ge=0, le=MAX_START_AFTER_SECONDS, allow_inf_nan=False, strict=True
+    )
     singleton_key: str | None = Field(None, min_length=1, max_length=500)
     priority: StrictInt = Field(0, ge=-(2**31), lt=2**31)
 
@@ -49,7 +55,9 @@ class TimerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     at: datetime | None = None
-    delay_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
+    delay_seconds: float | None = Field(
+        None, ge=0, le=MAX_START_AFTER_SECONDS, allow_inf_nan=False, strict=True
+    )
     data: dict[str, Any] | None = None
     key: str | None = Field(None, min_length=1, max_length=500)
 
@@ -67,12 +75,13 @@ class TimerRequest(BaseModel):
 
 def jobs_routes(state: ServiceState) -> list[BaseRoute]:
     """The job and timer routes (mounted under /v1 behind the token check)."""
+    body_timeout = state.settings.http_body_timeout_seconds
 
     async def post_job(request: Request) -> Response:
         queue = request.path_params["queue"]
         try:
             _check_queue(queue)
-            body = _validated(JobRequest, await read_json(request))
+            body = _validated(JobRequest, await read_json(request, timeout=body_timeout))
 
             async def send(sender: Sender) -> int | None:
                 return await sender.send(
@@ -97,7 +106,7 @@ def jobs_routes(state: ServiceState) -> list[BaseRoute]:
         queue = request.path_params["queue"]
         try:
             _check_queue(queue)
-            body = _validated(TimerRequest, await read_json(request))
+            body = _validated(TimerRequest, await read_json(request, timeout=body_timeout))
 
             async def schedule(sender: Sender) -> int:
                 return await sender.timers.schedule(
@@ -145,26 +154,17 @@ def _validated(model: type[M], body: Any) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        errors = [
-            {
-                "field": ".".join(str(part) for part in problem["loc"]) or "(body)",
-                "message": str(problem["msg"]).removeprefix("Value error, "),
-            }
-            for problem in exc.errors()
-        ]
-        raise HttpError(400, "invalid request", errors=errors) from None
+        raise HttpError(400, "invalid request", errors=field_errors(exc, "(body)")) from None
 
 
 async def _queued(state: ServiceState, queue: str, work: Callable[[Sender], Awaitable[T]]) -> T:
     try:
         result = await in_database(state, work)
     except QueueNotFound:
-        raise HttpError(404, f"queue {queue!r} is not installed") from None
-    except InvalidJob as exc:
-        raise HttpError(400, str(exc)) from None
+        raise HttpError(404, f"queue {segment(queue)!r} is not installed") from None
     return result
 
 
 def _rejected(exc: HttpError, queue: str) -> Response:
-    log.info("ingest.rejected", status=exc.status, reason=exc.error, queue=queue)
+    log.info("ingest.rejected", status=exc.status, reason=exc.error, queue=segment(queue))
     return exc.response()

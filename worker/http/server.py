@@ -1,4 +1,5 @@
-"""uvicorn in the daemon's own event loop, without its signal handling (ours stops it)."""
+"""uvicorn in the daemon's own event loop, without its signal handling (ours stops it), with
+deadlines for slow request heads and bodies (:mod:`.protocol`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import uvicorn
 from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
+from .protocol import bounded_protocol
+
 log = structlog.get_logger("worker.http")
 
 
@@ -22,13 +25,24 @@ class _Server(uvicorn.Server):
 
 
 class HttpServer:
-    """Serves ``app`` on host:port until :meth:`stop`."""
+    """Serves ``app`` on host:port until :meth:`stop`; a request head must arrive within
+    ``header_timeout`` seconds and its body within ``body_timeout`` more."""
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        host: str,
+        port: int,
+        *,
+        header_timeout: float = 10.0,
+        body_timeout: float = 30.0,
+    ) -> None:
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
+            # h11 with deadlines, whatever "auto" would pick (httptools has none either).
+            http=bounded_protocol(header_timeout, body_timeout),
             log_config=None,
             access_log=False,
             lifespan="off",

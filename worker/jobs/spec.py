@@ -23,6 +23,9 @@ class JobContext:
     pool: HandlerPool
     #: For handlers that enqueue (the usage re-drive, window holds).
     sender: Sender
+    #: Where a handler opens a dedicated connection for a session lock (the purge run lock):
+    #: the server itself, never a transaction pooler.
+    session_url: str
 
 
 @dataclass(frozen=True, slots=True)

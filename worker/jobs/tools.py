@@ -4,47 +4,84 @@ from __future__ import annotations
 
 import importlib
 
-from ..declarations import JobDeclaration
+from ..declarations import ONE_QUEUED_PER_KEY, JobDeclaration, Policy, dead_letter_refusal
 from ..queue.jobs import ClaimedJob
 from ..queue.poller import Consumer
 from ..settings import ConfigError
+from .chassis import CHASSIS_QUEUES
 from .spec import InstalledJob, JobContext
 
 
 def load_declarations(paths: list[str]) -> list[JobDeclaration]:
-    """Import every ``module:attribute`` path; raise :class:`ConfigError` naming a bad one."""
-    declarations: list[JobDeclaration] = []
+    """Import every ``module:attribute`` path; raise :class:`ConfigError` naming a bad one.
+
+    Refused before anything is installed: a path that does not import or is not a list of
+    ``JobDeclaration``, a queue declared twice, a chassis queue redeclared, a queue that is its
+    own dead letter, and a dead letter declared here with a policy that keeps one queued job
+    per key (see :data:`ONE_QUEUED_PER_KEY`).
+    """
+    loaded: list[tuple[str, JobDeclaration]] = []
     for path in paths:
-        module_name, _, attribute = path.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:
+        loaded.extend((path, declaration) for declaration in _import_list(path))
+    _check(loaded)
+    return [declaration for _, declaration in loaded]
+
+
+def _import_list(path: str) -> list[JobDeclaration]:
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(
+            f"invalid configuration: TOOL_JOBS: cannot import {module_name!r} from {path!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    try:
+        value = getattr(module, attribute)
+    except AttributeError:
+        raise ConfigError(
+            f"invalid configuration: TOOL_JOBS: {module_name!r} has no attribute "
+            f"{attribute!r} ({path!r})"
+        ) from None
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(item, JobDeclaration) for item in value
+    ):
+        raise ConfigError(
+            f"invalid configuration: TOOL_JOBS: {path!r} is not a list of JobDeclaration"
+        )
+    return list(value)
+
+
+def _check(loaded: list[tuple[str, JobDeclaration]]) -> None:
+    policies: dict[str, Policy] = {}
+    for path, declaration in loaded:
+        queue = declaration.queue
+        if queue in CHASSIS_QUEUES:
             raise ConfigError(
-                f"invalid configuration: TOOL_JOBS: cannot import {module_name!r} from {path!r}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
-        try:
-            value = getattr(module, attribute)
-        except AttributeError:
-            raise ConfigError(
-                f"invalid configuration: TOOL_JOBS: {module_name!r} has no attribute "
-                f"{attribute!r} ({path!r})"
-            ) from None
-        if not isinstance(value, list | tuple) or not all(
-            isinstance(item, JobDeclaration) for item in value
-        ):
-            raise ConfigError(
-                f"invalid configuration: TOOL_JOBS: {path!r} is not a list of JobDeclaration"
+                f"invalid configuration: TOOL_JOBS: {path!r} declares queue {queue!r}, a chassis "
+                f"queue (the chassis installs {', '.join(CHASSIS_QUEUES)} itself); give the tool "
+                "queue another name"
             )
-        declarations.extend(value)
-    seen: set[str] = set()
-    for declaration in declarations:
-        if declaration.queue in seen:
+        if queue in policies:
             raise ConfigError(
-                f"invalid configuration: TOOL_JOBS: queue {declaration.queue!r} is declared twice"
+                f"invalid configuration: TOOL_JOBS: queue {queue!r} is declared twice "
+                f"(again in {path!r})"
             )
-        seen.add(declaration.queue)
-    return declarations
+        policies[queue] = declaration.options.policy
+    for path, declaration in loaded:
+        queue, dead_letter = declaration.queue, declaration.options.dead_letter
+        if dead_letter is None:
+            continue
+        if dead_letter == queue:
+            raise ConfigError(
+                f"invalid configuration: TOOL_JOBS: {path!r} declares queue {queue!r} as its own "
+                "dead letter (each exhausted job would be copied back into it, forever)"
+            )
+        # A dead letter declared elsewhere (another deployment) is checked by the install.
+        policy = policies.get(dead_letter)
+        if policy is not None and policy in ONE_QUEUED_PER_KEY:
+            where = f"TOOL_JOBS: {path!r}: "
+            raise ConfigError(dead_letter_refusal(queue, dead_letter, policy, where))
 
 
 def tool_job(declaration: JobDeclaration) -> InstalledJob:

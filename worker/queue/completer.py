@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 import anyio
 import anyio.lowlevel
 import structlog
 
-from ..db.connections import TRANSIENT_ERRORS, backoff_delay
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
 from ..metrics import JOBS_COMPLETED, JOBS_FAILED, JOBS_HANDED_BACK, JOBS_LEASE_LOST
+from .availability import Availability
 from .holdings import Holdings
 from .jobs import ClaimedJob
-from .store import FailOutcome, JobStore
+from .store import FailOutcome, JobStore, storable_text
 
 log = structlog.get_logger("worker.queue")
 
-#: A non-transient write error is retried this many times before the outcomes are given up
-#: (the jobs are then rescued as a dead worker's would be: at least once still holds).
-_MAX_HARD_FAILURES = 5
+#: How often one outcome the database refuses (a non-retryable error, its batch already split
+#: down to it) is tried before it is given up.
+_TRIES_PER_OUTCOME = 3
+
+T = TypeVar("T")
 
 
 class Completer:
@@ -31,7 +35,10 @@ class Completer:
     poller whose job it was hears of it (:meth:`watch`) only once it is written.
     """
 
-    def __init__(self, store: JobStore, holdings: Holdings) -> None:
+    def __init__(
+        self, store: JobStore, holdings: Holdings, availability: Availability | None = None
+    ) -> None:
+        self._availability = availability
         self._store = store
         self._holdings = holdings
         self._done: list[ClaimedJob] = []
@@ -88,7 +95,8 @@ class Completer:
 
     def failed(self, job: ClaimedJob, error: str) -> None:
         """Record a failed attempt of ``job``."""
-        self._failed.append((job, error.replace("\x00", "")))
+        # Made storable here, so the log line and the stored error say the same.
+        self._failed.append((job, storable_text(error)))
         self._signal()
 
     def handed_back(self, job: ClaimedJob) -> None:
@@ -122,55 +130,86 @@ class Completer:
                 await self.flush()
 
     async def flush(self) -> None:
-        """Write the buffered outcomes, retrying transient database errors with backoff."""
+        """Write the buffered outcomes: successes, failures, hand-backs, one statement each."""
         done, failed, back = self._take(), self._failed, self._back
         self._failed, self._back = [], []
-        hard_failures = 0
+        await self._write("complete", done, self._write_done, list)
+        await self._write("fail", failed, self._write_failed, _jobs_of_failures)
+        await self._write("hand_back", back, self._write_back, list)
+
+    async def _write(
+        self,
+        write: str,
+        items: list[T],
+        statement: Callable[[list[T]], Awaitable[None]],
+        jobs_of: Callable[[list[T]], list[ClaimedJob]],
+    ) -> None:
+        """Write ``items`` through ``statement``, retrying retryable errors with backoff.
+
+        A batch the database refuses (any other error) is written again in halves, down to the
+        single outcome it refuses, which is tried a few times and then given up: one row never
+        sinks the rest of the flush.
+        """
+        parts = [items] if items else []  # a stack: the part on top is written next
         attempt = 0
-        while done or failed or back:
+        refusals = 0
+        while parts:
+            part = parts[-1]
             try:
-                if done:
-                    self._settle_completed(done, await self._store.complete_lost(done))
-                    done = []
-                if failed:
-                    self._settle_failed(failed, await self._store.fail(failed))
-                    failed = []
-                if back:
-                    self._settle_back(back, await self._store.hand_back(back))
-                    back = []
-            except TRANSIENT_ERRORS as exc:
+                await statement(part)
+            except RETRYABLE_ERRORS as exc:
+                if isinstance(exc, TRANSIENT_ERRORS) and self._availability is not None:
+                    self._availability.lost()
                 delay = backoff_delay(attempt)
                 attempt += 1
                 log.warning(
                     "job.outcome_write_retry",
+                    write=write,
                     error=f"{type(exc).__name__}: {exc}",
-                    pending=len(done) + len(failed) + len(back),
+                    pending=sum(len(p) for p in parts),
                     retry_in=round(delay, 2),
                 )
                 await anyio.sleep(delay)
+                continue
             except Exception as exc:
-                hard_failures += 1
-                log.error(
-                    "job.outcome_write_failed",
-                    error=f"{type(exc).__name__}: {exc}",
-                    pending=len(done) + len(failed) + len(back),
-                    tries=hard_failures,
-                )
-                if hard_failures >= _MAX_HARD_FAILURES:
-                    given_up = len(done) + len(failed) + len(back)
-                    self._holdings.remove(given_up)
-                    self._release(
-                        Counter(j.queue for j in done)
-                        + Counter(j.queue for j, _ in failed)
-                        + Counter(j.queue for j in back)
-                    )
-                    log.error(
-                        "job.outcome_given_up",
-                        jobs=given_up,
-                        ids=[j.id for j in done] + [j.id for j, _ in failed] + [j.id for j in back],
-                    )
-                    break
-                await anyio.sleep(backoff_delay(hard_failures))
+                error = f"{type(exc).__name__}: {exc}"
+                if len(part) > 1:
+                    parts.pop()
+                    half = len(part) // 2
+                    parts += [part[half:], part[:half]]
+                    log.warning("job.outcome_write_split", write=write, jobs=len(part), error=error)
+                    continue
+                refusals += 1
+                log.error("job.outcome_write_failed", write=write, error=error, tries=refusals)
+                if refusals < _TRIES_PER_OUTCOME:
+                    await anyio.sleep(backoff_delay(refusals))
+                    continue
+                self._give_up(write, jobs_of(part), error)
+            parts.pop()
+            attempt = refusals = 0
+
+    async def _write_done(self, jobs: list[ClaimedJob]) -> None:
+        self._settle_completed(jobs, await self._store.complete_lost(jobs))
+
+    async def _write_failed(self, failures: list[tuple[ClaimedJob, str]]) -> None:
+        self._settle_failed(failures, await self._store.fail(failures))
+
+    async def _write_back(self, jobs: list[ClaimedJob]) -> None:
+        self._settle_back(jobs, await self._store.hand_back(jobs))
+
+    def _give_up(self, write: str, jobs: list[ClaimedJob], error: str) -> None:
+        """The database refuses these outcomes: release them (the jobs stay active until
+        rescued at their expiry; at least once still holds)."""
+        self._holdings.remove(len(jobs))
+        self._release(Counter(job.queue for job in jobs))
+        log.error(
+            "job.outcome_given_up",
+            write=write,
+            jobs=len(jobs),
+            ids=[job.id for job in jobs],
+            error=error,
+            hint="the job stays active until its expiry, then it is rescued and runs again",
+        )
 
     def _release(self, per_queue: Counter[str]) -> None:
         for queue, n in per_queue.items():
@@ -238,3 +277,7 @@ class Completer:
             write=write,
             hint="the job was rescued or expired; this result is dropped",
         )
+
+
+def _jobs_of_failures(failures: list[tuple[ClaimedJob, str]]) -> list[ClaimedJob]:
+    return [job for job, _ in failures]

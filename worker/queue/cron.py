@@ -4,12 +4,21 @@ Replicas only decide when to look. Which slot is due comes from the database clo
 slot is claimed by a compare-and-set on the schedule row (FIRE_SCHEDULE), so any number of
 replicas, with any clock skew, enqueue one job per tick. A slot missed while every worker was
 down is simply the newest past slot at the next boot: it fires once, not once per missed tick.
+
+Ticks follow the wall clock of CRON_TZ the way cron(8) does across daylight-saving changes. A
+cron at fixed times (neither its minute nor its hour field starts with ``*``) ticks once per
+wall-clock time: in the hour that repeats when clocks go back, the second 01:30 is not a new
+tick; a time skipped when clocks go forward fires once, when the clocks reach the next hour. A
+cron with a ``*`` minute or hour (hourly, every 5 minutes) keeps ticking every real hour or
+minute through both changes, so it has no gap and, in the repeated hour, ticks twice at the
+same wall time. Slots are UTC instants computed from the cron, the zone and the clock alone,
+so every replica computes the same ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import anyio
@@ -17,7 +26,8 @@ import asyncpg
 import structlog
 from croniter import croniter
 
-from ..db.connections import TRANSIENT_ERRORS, backoff_delay
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
+from .availability import Availability
 from .sql import QueueStatements
 
 log = structlog.get_logger("worker.cron")
@@ -27,20 +37,50 @@ RELOAD_SECONDS = 300.0
 _EPSILON = timedelta(microseconds=1)
 
 
-def _iterator(cron: str, tz: str, at: datetime) -> croniter:
-    return croniter(cron, at.astimezone(ZoneInfo(tz)), second_at_beginning=len(cron.split()) == 6)
+#: Ticks one lookup may step over: the repeated hour of a per-second fixed-time cron, with room.
+_MAX_SKIPPED = 100_000
+
+
+def _iterator(cron: str, zone: ZoneInfo, at: datetime) -> croniter:
+    return croniter(cron, at.astimezone(zone), second_at_beginning=len(cron.split()) == 6)
+
+
+def _fixed_times(cron: str) -> bool:
+    """Whether ``cron`` names fixed wall-clock times: neither its minute nor its hour field
+    starts with ``*`` (cron(8)'s test for a job it runs once across a clock change)."""
+    fields = cron.split()
+    # 5 fields start with the minute; 6 with the seconds, then the minute.
+    minute, hour = fields[-5], fields[-4]
+    return not (minute.startswith("*") or hour.startswith("*"))
+
+
+def _repeated(slot: datetime, zone: ZoneInfo) -> bool:
+    """Whether ``slot`` is the second occurrence of its wall-clock time (clocks went back)."""
+    wall = slot.astimezone(zone).replace(tzinfo=None)
+    return wall.replace(tzinfo=zone, fold=0).astimezone(UTC) < slot
+
+
+def _step(cron: str, tz: str, at: datetime, *, forward: bool) -> datetime:
+    zone = ZoneInfo(tz)
+    skip_repeats = _fixed_times(cron)
+    ticks = _iterator(cron, zone, at)
+    for _ in range(_MAX_SKIPPED):
+        found: datetime = ticks.get_next(datetime) if forward else ticks.get_prev(datetime)
+        # UTC: an aware local time in a repeated hour compares unequal to every other zone's.
+        slot = found.astimezone(UTC)
+        if not (skip_repeats and _repeated(slot, zone)):
+            return slot
+    raise RuntimeError(f"cron {cron!r} in {tz}: no tick within {_MAX_SKIPPED} steps of {at}")
 
 
 def latest_slot(cron: str, tz: str, now: datetime) -> datetime:
-    """The newest tick of ``cron`` at or before ``now``."""
-    slot: datetime = _iterator(cron, tz, now + _EPSILON).get_prev(datetime)
-    return slot
+    """The newest tick of ``cron`` at or before ``now``, in UTC."""
+    return _step(cron, tz, now + _EPSILON, forward=False)
 
 
 def next_slot(cron: str, tz: str, now: datetime) -> datetime:
-    """The first tick of ``cron`` strictly after ``now``."""
-    slot: datetime = _iterator(cron, tz, now).get_next(datetime)
-    return slot
+    """The first tick of ``cron`` strictly after ``now``, in UTC."""
+    return _step(cron, tz, now, forward=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +94,15 @@ class _Row:
 class CronScheduler:
     """Fires the schedules of this process's queues at their ticks."""
 
-    def __init__(self, pool: asyncpg.Pool, sql: QueueStatements, queues: list[str]) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        sql: QueueStatements,
+        queues: list[str],
+        *,
+        availability: Availability | None = None,
+    ) -> None:
+        self._availability = availability or Availability()
         self._pool = pool
         self._sql = sql
         self._queues = queues
@@ -72,7 +120,11 @@ class CronScheduler:
             try:
                 sleep = await self.tick()
                 attempt = 0
-            except TRANSIENT_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
+                # A tick whose statement failed is simply looked at again: the slot's
+                # compare-and-set makes a retry fire it at most once.
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    self._availability.lost()
                 sleep = backoff_delay(attempt)
                 attempt += 1
                 log.warning(
@@ -81,12 +133,15 @@ class CronScheduler:
             with anyio.move_on_after(sleep):
                 await self._changed.wait()
 
-    async def tick(self) -> float:
-        """Fire every due schedule once; return seconds until the next tick to look at."""
+    async def tick(self, at: datetime | None = None) -> float:
+        """Fire every due schedule once; return seconds until the next tick to look at.
+
+        ``at`` stands in for the database clock (tests walk a schedule through a chosen day).
+        """
         rows = await self._pool.fetch(self._sql.load_schedules, self._queues)
         if not rows:
             return RELOAD_SECONDS
-        db_now: datetime = rows[0]["db_now"]
+        db_now: datetime = rows[0]["db_now"] if at is None else at
         sleep = RELOAD_SECONDS
         for record in rows:
             row = _Row(record["queue"], record["cron"], record["tz"], record["last_slot"])

@@ -16,8 +16,9 @@ import structlog
 
 from api_sender._schema import notify_channel
 
-from ..db.connections import TRANSIENT_ERRORS, backoff_delay, connect
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay, connect
 from ..metrics import DB_RECONNECTS
+from .availability import Availability
 from .sql import QueueStatements
 from .waker import Waker
 
@@ -40,7 +41,9 @@ class Dispatcher:
         on_prune_due: Callable[[], None],
         min_retention_seconds: float,
         extra_channels: Mapping[str, Callable[[str], None]] | None = None,
+        availability: Availability | None = None,
     ) -> None:
+        self._availability = availability or Availability()
         self._url = url
         self._channel = notify_channel(schema)
         self._sql = sql
@@ -107,6 +110,7 @@ class Dispatcher:
                 await self._probe_loop(conn)
             except TRANSIENT_ERRORS as exc:
                 self.listening = False
+                self._availability.lost()
                 delay = backoff_delay(attempt)
                 attempt += 1
                 log.warning(
@@ -119,12 +123,30 @@ class Dispatcher:
                     conn.terminate()
 
     async def _probe_loop(self, conn: asyncpg.Connection) -> None:
+        failures = 0
         while True:
-            with anyio.fail_after(max(5.0, self._poll_interval * 2)):
-                row = await conn.fetchrow(
-                    self._sql.probe, self._queues, self._stale_seconds, self._min_retention
+            try:
+                with anyio.fail_after(max(5.0, self._poll_interval * 2)):
+                    row = await conn.fetchrow(
+                        self._sql.probe, self._queues, self._stale_seconds, self._min_retention
+                    )
+            except TRANSIENT_ERRORS:
+                raise
+            except RETRYABLE_ERRORS as exc:
+                # Cancelled (statement_timeout) or rolled back (deadlock): the connection and
+                # its LISTEN are fine; probe again after a pause.
+                delay = backoff_delay(failures, cap=self._poll_interval)
+                failures += 1
+                log.warning(
+                    "listener.probe_failed",
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in=round(delay, 2),
                 )
+                await anyio.sleep(delay)
+                continue
+            failures = 0
             assert row is not None
+            self._availability.answered()
             for queue in row["due"]:
                 self._wakers[queue].wake()
             if row["rescue"]:

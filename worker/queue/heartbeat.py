@@ -11,7 +11,8 @@ import anyio
 import asyncpg
 import structlog
 
-from ..db.connections import TRANSIENT_ERRORS
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
+from .availability import Availability
 from .holdings import Holdings
 from .sql import QueueStatements
 
@@ -23,6 +24,8 @@ class Heartbeat:
 
     A job is rescued only when its claim AND its worker's last beat are older than the stale
     limit, so an idle worker can stay silent (no writes) without its next claims being at risk.
+    A beat that fails is tried again soon (backoff from 0.1 s up to the interval), and at once
+    when the database answers again after a loss: other replicas judge this one by its beat.
     """
 
     def __init__(
@@ -33,7 +36,9 @@ class Heartbeat:
         holdings: Holdings,
         *,
         interval: float,
+        availability: Availability | None = None,
     ) -> None:
+        self._availability = availability or Availability()
         self._pool = pool
         self._sql = sql
         self._owner = owner
@@ -45,6 +50,7 @@ class Heartbeat:
     async def beat(self) -> None:
         """Write one beat now."""
         await self._pool.execute(self._sql.heartbeat, self._owner, self._host, self._pid)
+        self._availability.answered()
 
     async def beat_if_holding(self) -> None:
         """Beat now if this process holds jobs (an idle worker still writes nothing)."""
@@ -53,20 +59,29 @@ class Heartbeat:
 
     async def run(self) -> None:
         """Beat while jobs are held, until cancelled."""
+        failures = 0
         while True:
             await self._holdings.wait_nonzero()
             try:
                 with anyio.fail_after(max(1.0, self._interval)):
                     await self.beat()
-            except TRANSIENT_ERRORS as exc:
+                failures = 0
+                delay = self._interval
+            except RETRYABLE_ERRORS as exc:
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    self._availability.lost()
+                delay = backoff_delay(failures, base=0.2, cap=self._interval)
+                failures += 1
                 log.warning(
                     "heartbeat.failed",
                     worker_id=str(self._owner),
                     error=f"{type(exc).__name__}: {exc}",
+                    retry_in=round(delay, 2),
                 )
-            await anyio.sleep(self._interval)
+            with anyio.move_on_after(delay):
+                await self._availability.wait_back()
 
     async def forget(self) -> None:
         """Remove this worker's row (clean stop)."""
-        with contextlib.suppress(*TRANSIENT_ERRORS):
+        with contextlib.suppress(*RETRYABLE_ERRORS):
             await self._pool.execute(self._sql.forget_worker, self._owner)

@@ -14,7 +14,10 @@ from ..declarations import JobInfo
 
 @dataclass(slots=True)
 class ClaimedJob:
-    """One job this process claimed; ``(id, attempt)`` with the owner id is its fence."""
+    """One job this process claimed; ``(id, attempt, started_at)`` with the owner id is its
+    fence. ``started_at`` is the claim's own instant: a claim lost in a server crash and taken
+    again under the same attempt number has another, so the first run's outcome matches nothing.
+    """
 
     id: int
     queue: str
@@ -26,6 +29,8 @@ class ClaimedJob:
     priority: int
     start_after: datetime | None
     raw_data: str | None
+    #: When this claim was made (the database's clock), as the claim returned it.
+    started_at: datetime
 
     @classmethod
     def from_row(cls, queue: str, row: asyncpg.Record) -> ClaimedJob:
@@ -41,6 +46,7 @@ class ClaimedJob:
             priority=row["priority"],
             start_after=row["start_after"],
             raw_data=row["data"],
+            started_at=row["started_at"],
         )
 
     @property

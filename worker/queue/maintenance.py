@@ -11,9 +11,10 @@ import anyio
 import asyncpg
 import structlog
 
-from ..db.connections import TRANSIENT_ERRORS
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS
 from ..db.locks import MAINTENANCE, try_xact_lock
 from ..metrics import JOBS_RESCUED
+from .availability import Availability
 from .jobs import ClaimedJob
 from .sql import QueueStatements
 from .store import JobStore
@@ -35,6 +36,9 @@ class Maintenance:
     pruning. An idle database triggers nothing, so an idle worker writes nothing here.
 
     Each run takes a transaction-level try-lock first: one replica works, the others skip.
+    A replica rescues nothing until it has had ``stale_seconds`` of database without a break
+    (``availability``): after an outage the other replicas' heartbeats are as old as a dead
+    worker's, and they get that long to beat again before this one judges them dead.
     """
 
     def __init__(
@@ -46,9 +50,12 @@ class Maintenance:
         interval: float,
         stale_seconds: float,
         own_beat: Callable[[], Awaitable[None]] | None = None,
+        availability: Availability | None = None,
     ) -> None:
         self._store = store
         self._own_beat = own_beat
+        self._availability = availability
+        self._deferred = False
         self._pool = store.pool
         self._sql = sql
         self._schema = schema
@@ -76,7 +83,9 @@ class Maintenance:
             prune = self._prune_wanted and time.monotonic() - self._last_prune >= self._interval
             try:
                 await self.run_once(prune=prune)
-            except TRANSIENT_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
+                if isinstance(exc, TRANSIENT_ERRORS) and self._availability is not None:
+                    self._availability.lost()
                 log.warning("maintenance.failed", error=f"{type(exc).__name__}: {exc}")
             except Exception:
                 log.exception("maintenance.error")
@@ -86,8 +95,12 @@ class Maintenance:
 
     async def run_once(self, *, prune: bool = True) -> tuple[int, int]:
         """One pass: rescue, then (optionally) prune. Returns (rescued, pruned); (0, 0) when
-        another replica holds the lock."""
-        if self._own_beat is not None:
+        another replica holds the lock. The rescue is skipped while this process has had its
+        database for less than the stale limit."""
+        rescue = self._may_judge()
+        if not rescue and not prune:
+            return 0, 0
+        if rescue and self._own_beat is not None:
             # This process is alive: record it before judging which workers are not. After an
             # outage or a read-only spell longer than the stale limit, its own heartbeat is as
             # old as a dead worker's, and it would rescue its own running jobs. If the beat
@@ -96,14 +109,39 @@ class Maintenance:
         async with self._pool.acquire() as conn, conn.transaction():
             if not await try_xact_lock(conn, MAINTENANCE, self._schema):
                 return 0, 0
-            candidates = await conn.fetch(self._sql.rescue_candidates, self._stale, RESCUE_BATCH)
-        rescued = await self._rescue(candidates)
+            candidates = (
+                await conn.fetch(self._sql.rescue_candidates, self._stale, RESCUE_BATCH)
+                if rescue
+                else []
+            )
+        rescued = await self.rescue(candidates)
         pruned = await self._prune() if prune else 0
         if rescued or pruned:
             log.info("maintenance.ran", rescued=rescued, pruned=pruned)
         return rescued, pruned
 
-    async def _rescue(self, rows: list[asyncpg.Record]) -> int:
+    def _may_judge(self) -> bool:
+        """Whether this process has had its database long enough to judge other workers dead."""
+        if self._availability is None:
+            return True
+        available = self._availability.seconds()
+        if available >= self._stale:
+            self._deferred = False
+            return True
+        if not self._deferred:
+            self._deferred = True
+            log.info(
+                "maintenance.rescue_deferred",
+                available_seconds=round(available, 1),
+                stale_seconds=self._stale,
+                hint="the database was unreachable lately: other workers get a full stale"
+                " interval to beat before their jobs are rescued",
+            )
+        return False
+
+    async def rescue(self, rows: list[asyncpg.Record]) -> int:
+        """Fail each rescue candidate (a row of ``rescue_candidates``) as an attempt, fenced on
+        its owner, attempt and claim instant; return how many still matched."""
         if not rows:
             return 0
         failures = []
@@ -121,6 +159,7 @@ class Maintenance:
                 priority=0,
                 start_after=None,
                 raw_data=None,
+                started_at=row["started_at"],
             )
             failures.append((job, f"rescued: {row['reason']}"))
             owners.append(row["locked_by"] or uuid.UUID(int=0))

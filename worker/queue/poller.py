@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import anyio
 import structlog
 
-from ..db.connections import TRANSIENT_ERRORS, backoff_delay
+from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
 from ..metrics import JOB_DURATION
+from .availability import Availability
 from .completer import Completer
 from .holdings import Holdings
 from .jobs import ClaimedJob
@@ -53,11 +54,14 @@ class Consumer:
 class Poller:
     """Claims jobs of one queue when woken and runs them; stops cleanly on request.
 
-    At most ``max(batch_size, concurrency)`` jobs (batches: ``concurrency`` batches) are held at
-    once, so one process never hoards work other replicas could run. A job is held from its
-    claim until its outcome is written, so a slow completion write slows claiming down instead
-    of piling up active jobs. Successes waiting to be written ride along with the next claim
-    (one statement, one commit), except on one-per-key queues.
+    A claimed job's expiry runs from its claim (the database's clock), so the poller never
+    claims more than its runners can start at once: at most ``concurrency`` jobs are held (a
+    fetch claims up to ``batch_size`` of the free slots), and a batch consumer claims a batch
+    only for a free runner. No job waits in the worker's hands while its expiry runs, and one
+    process never hoards work other replicas could run. A job is held from its claim until its
+    outcome is written, so a slow completion write slows claiming down instead of piling up
+    active jobs. Successes waiting to be written ride along with the next claim (one statement,
+    one commit), except on one-per-key queues.
 
     Claimed work waits in a deque that the runners pop. The hot path costs no task switch per
     job: a runner takes the next job itself when its handler returns, and wakes one idle runner
@@ -71,8 +75,10 @@ class Poller:
         store: JobStore,
         completer: Completer,
         holdings: Holdings,
+        availability: Availability | None = None,
     ) -> None:
         self.consumer = consumer
+        self._availability = availability or Availability()
         self.waker = Waker()
         self._store = store
         self._completer = completer
@@ -84,6 +90,9 @@ class Poller:
         self._held = 0
         self._wants_room = False
         self._piggyback = not consumer.one_per_key
+        #: The last claim carrying successes was refused: claim alone once, and let the
+        #: completer write them (it writes a refused batch in parts).
+        self._solo = False
         completer.watch(consumer.queue, self._settled)
         self._running: set[anyio.CancelScope] = set()
         self._work: deque[Work] = deque()
@@ -93,10 +102,13 @@ class Poller:
         self._waking = 0
         self._closed = False
         self._duration = JOB_DURATION.labels(consumer.queue)
-        if consumer.run_batch is not None:
+        self._batches = consumer.run_batch is not None
+        #: Batches claimed whose handler has not finished (batch consumers only).
+        self._busy = 0
+        if self._batches:
             self._limit = consumer.batch_size * consumer.concurrency
         else:
-            self._limit = max(consumer.batch_size, consumer.concurrency)
+            self._limit = consumer.concurrency
         # Claim again once at least half a batch of room is free, not one slot at a time.
         self._threshold = max(1, min(consumer.batch_size, self._limit) // 2)
         self.stopped = anyio.Event()
@@ -136,6 +148,8 @@ class Poller:
 
     def _room(self) -> int:
         """Free slots if this poller claimed now, counting the successes it would write."""
+        if self._batches and self._busy >= self.consumer.concurrency:
+            return 0
         room = self._limit - self._held
         if self._piggyback:
             room += self._completer.untaken(self.consumer.queue)
@@ -162,7 +176,8 @@ class Poller:
                 self._wants_room = True
                 await self._capacity.wait_since(self._capacity.generation)
                 continue
-            done = self._completer.take_done() if self._piggyback else []
+            done = self._completer.take_done() if self._piggyback and not self._solo else []
+            self._solo = False
             mine = sum(1 for job in done if job.queue == queue)
             want = min(consumer.batch_size, self._limit - self._held + mine)
             try:
@@ -176,8 +191,14 @@ class Poller:
                 # Not written (or unknown: a second write of a written job matches nothing and
                 # is only logged as lease lost): the successes go out with the next flush.
                 self._completer.restore_done(done)
-                if not isinstance(exc, TRANSIENT_ERRORS):
+                retryable = isinstance(exc, RETRYABLE_ERRORS)
+                if not retryable and not done:
                     raise
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    self._availability.lost()
+                # Refused with successes on board: one of them may be what the database
+                # refuses; the completer writes them apart, and this poller claims alone.
+                self._solo = not retryable
                 delay = backoff_delay(attempt)
                 attempt += 1
                 log.warning(
@@ -191,7 +212,8 @@ class Poller:
             if jobs:
                 self._holdings.add(len(jobs))
                 self._held += len(jobs)
-                if consumer.run_batch is not None:
+                if self._batches:
+                    self._busy += 1
                     self._work.append(jobs)
                 else:
                     self._work.extend(jobs)
@@ -224,8 +246,11 @@ class Poller:
             self._wake_runner()
         return work
 
-    def _done(self, n: int) -> None:
-        """``n`` outcomes were handed to the completer: a claim may now carry them."""
+    def _done(self, work: Work) -> None:
+        """``work``'s outcomes were handed to the completer: its runner is free, and a claim
+        may now carry them."""
+        if isinstance(work, list):
+            self._busy -= 1
         if self._wants_room:
             self._wake_fetcher()
 
@@ -262,7 +287,7 @@ class Poller:
         jobs = work if isinstance(work, list) else [work]
         for job in jobs:
             self._completer.handed_back(job)
-        self._done(len(jobs))
+        self._done(work)
 
     def _interrupted_work(self, work: Work) -> None:
         """A runner's scope was cancelled mid-run: grace exceeded (hand back) or expired."""
@@ -276,7 +301,7 @@ class Poller:
                 self._completer.failed(job, f"expired: batch ran past {expire}s")
         else:
             self._completer.failed(work, f"expired: ran past {work.expire_seconds}s")
-        self._done(len(jobs))
+        self._done(work)
 
     async def _run_one(self, job: ClaimedJob, expiry: _Expiry) -> None:
         run_job = self.consumer.run_job
@@ -293,7 +318,7 @@ class Poller:
             self._completer.failed(job, f"{type(exc).__name__}: {exc}")
         finally:
             self._duration.observe(time.perf_counter() - started)
-        self._done(1)
+        self._done(job)
 
     async def _run_batch(self, jobs: list[ClaimedJob], expiry: _Expiry) -> None:
         run_batch = self.consumer.run_batch
@@ -317,7 +342,7 @@ class Poller:
                 self._completer.failed(job, error)
         finally:
             self._duration.observe(time.perf_counter() - started)
-        self._done(len(jobs))
+        self._done(jobs)
 
 
 class _Expiry:

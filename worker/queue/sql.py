@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from api_sender._schema import notify_channel, quoted
 
 _JOB_COLUMNS = """j.id, j.data::text AS data, j.attempt, j.retry_count, j.retry_limit,
-    j.singleton_key, j.expire_seconds, j.priority, j.start_after"""
+    j.singleton_key, j.expire_seconds, j.priority, j.start_after, j.started_at"""
 
 
 def _claim_next(queue: str, limit: str) -> str:
@@ -40,14 +40,15 @@ def _claim_update(candidates: str, owner: str, *, lazy_commit: bool = False) -> 
     )
 
 
-def _complete_update(ids: str, attempts: str, owner: str) -> str:
-    """The fenced completion UPDATE of jobs ``ids``/``attempts`` held by ``owner``."""
+def _complete_update(ids: str, attempts: str, claims: str, owner: str) -> str:
+    """The fenced completion UPDATE of jobs ``ids``/``attempts``/``claims`` held by ``owner``."""
     return (
         "UPDATE {s}.job j\n"
         "SET state = 'completed', completed_at = now()\n"
-        f"FROM unnest({ids}::bigint[], {attempts}::int[]) AS d(id, attempt)\n"
+        f"FROM unnest({ids}::bigint[], {attempts}::int[], {claims}::timestamptz[])"
+        " AS d(id, attempt, started_at)\n"
         f"WHERE j.id = ANY({ids}::bigint[]) AND j.id = d.id AND j.attempt = d.attempt\n"
-        f"  AND j.locked_by = {owner} AND j.state = 'active'\n"
+        f"  AND j.started_at = d.started_at AND j.locked_by = {owner} AND j.state = 'active'\n"
         "RETURNING j.id"
     )
 
@@ -56,17 +57,19 @@ CLAIM = (
     """
 -- claim: up to $2 due jobs of queue $1 in priority, then due-time, order (index job_fetch).
 -- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
--- that kills its worker every time still runs out of attempts; owner and attempt fence every
--- later write. The locked ids are updated through "id = ANY(ARRAY(...))", which always reads
--- job_pkey: a join with the CTE may be planned as a hash join over a sequential scan of the
--- whole table (seen at batch 200 with 20,000 rows: 12 ms instead of 1).
+-- that kills its worker every time still runs out of attempts; owner, attempt and the claim's
+-- started_at (returned, carried by the worker) fence every later write. The locked ids are
+-- updated through "id = ANY(ARRAY(...))", which always reads job_pkey: a join with the CTE may
+-- be planned as a hash join over a sequential scan of the whole table (seen at batch 200 with
+-- 20,000 rows: 12 ms instead of 1).
 -- The claim commits without waiting for the disk (synchronous_commit off for this statement
 -- alone): the handler starts one WAL flush sooner. Only a crash of the server can lose such a
 -- commit, and a lost claim is harmless under at-least-once: the job is waiting again with its
--- old attempt and runs again; the handler's outcome matches no row (fenced, logged as lease
--- lost), unless this same worker has meanwhile claimed the job again under the same attempt
--- number, which that outcome then settles (the job did run to its end once). Outcomes always
--- wait for the disk; so does a claim carrying them.
+-- old attempt and runs again. The handler's outcome matches no row (fenced, logged as lease
+-- lost), even when this same worker has meanwhile claimed the job again under the same attempt
+-- number: that second claim has its own started_at (now() of a later transaction), and every
+-- outcome matches started_at too. Outcomes always wait for the disk; so does a claim carrying
+-- them.
 WITH next AS (
     """
     + _claim_next("$1", "$2")
@@ -112,12 +115,13 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
 
 COMPLETE = (
     """
--- complete: a batch in one statement, fenced on owner and attempt. A job rescued from this
--- worker (or expired) no longer matches and is left alone; its id is missing from the result.
+-- complete: a batch in one statement, fenced on owner, attempt and claim instant ($4 started_at).
+-- A job rescued from this worker (or expired), or claimed again after its claim was lost, no
+-- longer matches and is left alone; its id is missing from the result.
 -- The rows are found by primary key (id = ANY), never through job_active: that index holds
 -- every active job of this owner, and a nested loop over it grows with the square of the batch.
 """
-    + _complete_update("$1", "$2", "$3")
+    + _complete_update("$1", "$2", "$4", "$3")
     + "\n"
 )
 
@@ -127,7 +131,7 @@ COMPLETE_LOST = (
 -- the answer is one empty array however large the batch.
 WITH done AS (
 """
-    + _complete_update("$1", "$2", "$3")
+    + _complete_update("$1", "$2", "$4", "$3")
     + """
 )
 SELECT ARRAY(SELECT unnest($1::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
@@ -136,15 +140,15 @@ SELECT ARRAY(SELECT unnest($1::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
 
 COMPLETE_AND_CLAIM = (
     """
--- complete, then claim: the outcomes of the previous batch ($4 ids, $5 attempts, fenced on owner
--- $3 and attempt exactly as in complete) and the next batch of queue $1 (exactly as in claim) in
--- one statement, one round trip and one commit. The two touch disjoint rows (active vs waiting),
--- and a job is completed only if this statement commits, as with complete alone. Every row
--- carries the same "lost" array: the completed ids that did not match (usually empty). With no
--- job claimed, one row comes back whose job columns are NULL.
+-- complete, then claim: the outcomes of the previous batch ($4 ids, $5 attempts, $6 claim
+-- instants, fenced on owner $3 exactly as in complete) and the next batch of queue $1 (exactly
+-- as in claim) in one statement, one round trip and one commit. The two touch disjoint rows
+-- (active vs waiting), and a job is completed only if this statement commits, as with complete
+-- alone. Every row carries the same "lost" array: the completed ids that did not match (usually
+-- empty). With no job claimed, one row comes back whose job columns are NULL.
 WITH done AS (
 """
-    + _complete_update("$4", "$5", "$3")
+    + _complete_update("$4", "$5", "$6", "$3")
     + """
 ), next AS (
     """
@@ -166,9 +170,15 @@ FAIL = """
 -- retry_delay (times 2^retry_count with backoff) in state retry; at the limit it is failed and a
 -- copy of its data goes to its queue's dead letter (read now, so a dead letter added later still
 -- covers older jobs). Queues with newly due work are notified.
+-- Every exhausted job gets its copy: the copy has no key and is not a timer, so only the
+-- queued-per-key index job_policy_queued could refuse it, and only under a short or stately
+-- policy. The install refuses such a dead letter; should one exist anyway (set outside the
+-- install), its copies take the policy minus that limit (short -> standard, stately ->
+-- singleton). No ON CONFLICT clause: a copy is never dropped silently.
+-- The claim instant ($5, started_at) fences too: a claim lost and taken again is not failed.
 WITH f AS (
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[])
-        AS f(id, attempt, owner, error)
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::timestamptz[])
+        AS f(id, attempt, owner, error, started_at)
 ), upd AS (
     UPDATE {s}.job j
     SET state = CASE WHEN j.retry_count < j.retry_limit
@@ -182,18 +192,20 @@ WITH f AS (
         output = jsonb_build_object('error', f.error, 'attempt', f.attempt)
     FROM f
     WHERE j.id = f.id AND j.attempt = f.attempt AND j.locked_by = f.owner AND j.state = 'active'
+      AND j.started_at = f.started_at
     RETURNING j.id, j.queue, j.state, j.data, j.priority, j.start_after
 ), dead AS (
     INSERT INTO {s}.job (queue, policy, data, priority, retry_limit, retry_delay, retry_backoff,
                          expire_seconds)
-    SELECT d.name, d.policy, u.data, u.priority, d.retry_limit, d.retry_delay, d.retry_backoff,
-           d.expire_seconds
+    SELECT d.name,
+           CASE d.policy WHEN 'short' THEN 'standard' WHEN 'stately' THEN 'singleton'
+                ELSE d.policy END,
+           u.data, u.priority, d.retry_limit, d.retry_delay, d.retry_backoff, d.expire_seconds
     FROM upd u
     JOIN {s}.queue q ON q.name = u.queue
     JOIN {s}.queue d ON d.name = q.dead_letter
     WHERE u.state = 'failed'
     ORDER BY u.id
-    ON CONFLICT DO NOTHING
     RETURNING id, queue
 ), note AS (
     SELECT pg_notify('{channel}', x.queue) FROM (
@@ -210,11 +222,13 @@ FROM upd u
 HAND_BACK = """
 -- hand back: jobs this worker claimed but will not run (shutdown, grace exceeded) are due again
 -- at once, in state retry so no queue policy can refuse them, without counting a failure.
+-- Fenced as complete is (owner $3, attempt, claim instant $4).
 WITH back AS (
     UPDATE {s}.job j
     SET state = 'retry', start_after = now(), started_at = NULL, locked_by = NULL
-    FROM unnest($1::bigint[], $2::int[]) AS d(id, attempt)
+    FROM unnest($1::bigint[], $2::int[], $4::timestamptz[]) AS d(id, attempt, started_at)
     WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = $3 AND j.state = 'active'
+      AND j.started_at = d.started_at
     RETURNING j.id, j.queue
 ), note AS (
     SELECT pg_notify('{channel}', queue) FROM (SELECT DISTINCT queue FROM back) x
@@ -288,9 +302,10 @@ SELECT
 
 RESCUE_CANDIDATES = """
 -- rescue: active jobs whose worker has been silent for $1 seconds (dead, frozen or gone), and
--- active jobs past their expiry. The caller fails each as an attempt, fenced on owner and
--- attempt, so a worker that completes one meanwhile wins.
-SELECT j.id, j.attempt, j.locked_by,
+-- active jobs past their expiry. The caller fails each as an attempt, fenced on owner, attempt
+-- and claim instant, so a worker that completes one meanwhile wins, and a claim taken again
+-- after this one was lost is not failed in its stead.
+SELECT j.id, j.attempt, j.locked_by, j.started_at,
        CASE WHEN j.started_at < now() - make_interval(secs => j.expire_seconds)
             THEN 'expired' ELSE 'worker lost' END AS reason,
        j.queue
@@ -338,6 +353,10 @@ SELECT LEAST(COALESCE(min(retention_seconds), 3600), COALESCE(min(failed_retenti
 
 UPSERT_QUEUE = """
 -- install: create or update a queue; no write at all when nothing changed (boots stay cheap).
+-- Returns the policy the queue had before (NULL for a new queue; no row when nothing changed),
+-- read by the CTE from the statement's snapshot, before the upsert; the install lock keeps
+-- another install from changing it in between.
+WITH before AS (SELECT policy FROM {s}.queue WHERE name = $1)
 INSERT INTO {s}.queue AS q (name, policy, retry_limit, retry_delay, retry_backoff,
                            expire_seconds, retention_seconds, failed_retention_seconds,
                            dead_letter)
@@ -354,6 +373,46 @@ WHERE (q.policy, q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
       (EXCLUDED.policy, EXCLUDED.retry_limit, EXCLUDED.retry_delay, EXCLUDED.retry_backoff,
        EXCLUDED.expire_seconds, EXCLUDED.retention_seconds, EXCLUDED.failed_retention_seconds,
        EXCLUDED.dead_letter)
+RETURNING (SELECT policy FROM before) AS old_policy
+"""
+
+APPLY_POLICY = """
+-- install: queue $1's policy changed to $2; the jobs waiting on it follow (a job carries its
+-- queue's policy so the policy indexes need no join; a job left on a stricter policy than its
+-- queue's makes the plain claim collide with job_policy_active). Waiting jobs (created, retry)
+-- only: they are locked by nothing but claims, which skip locked rows, so this UPDATE can wait
+-- on a claim but never deadlock with one; running jobs finish under the policy they started
+-- with (the fences and the one-per-key claim do not read it). Moving a waiting job is always
+-- safe, except into a policy that allows one queued job per key (short, stately) when its key
+-- has several jobs in created: those keep their policy and run (a send cannot be refused
+-- after the fact), counted in "kept". Reads the queue's waiting rows through job_fetch.
+WITH crowded AS (
+    SELECT COALESCE(singleton_key, '') AS k FROM {s}.job
+    WHERE queue = $1 AND state = 'created' AND $2 IN ('short', 'stately')
+    GROUP BY 1 HAVING count(*) > 1
+), candidates AS (
+    SELECT count(*) AS n FROM {s}.job WHERE queue = $1 AND state < 'active' AND policy <> $2
+), moved AS (
+    UPDATE {s}.job j SET policy = $2
+    WHERE j.queue = $1 AND j.state < 'active' AND j.policy <> $2
+      AND NOT (j.state = 'created' AND COALESCE(j.singleton_key, '') IN (SELECT k FROM crowded))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) AS moved,
+       (SELECT n FROM candidates) - (SELECT count(*) FROM moved) AS kept
+"""
+
+DEAD_LETTER_CONFLICTS = """
+-- install: queues among $1, or queues naming one of $1 as dead letter, whose dead letter allows
+-- one queued job per key (short, stately). A dead-letter copy has no key, so such a dead letter
+-- would keep one copy and refuse the rest: the install refuses the pair instead. Run in the
+-- install's transaction after its upserts, under the install lock, so a dead letter declared by
+-- another deployment, or changed by one, is seen as it will be committed.
+SELECT q.name, q.dead_letter, d.policy
+FROM {s}.queue q JOIN {s}.queue d ON d.name = q.dead_letter
+WHERE d.policy IN ('short', 'stately')
+  AND (q.name = ANY($1::text[]) OR d.name = ANY($1::text[]))
+ORDER BY q.name
 """
 
 QUEUE_EXISTS = "SELECT EXISTS (SELECT 1 FROM {s}.queue WHERE name = $1)"
@@ -475,6 +534,8 @@ class QueueStatements:
     prune_workers: str
     min_retention: str
     upsert_queue: str
+    apply_policy: str
+    dead_letter_conflicts: str
     queue_exists: str
     upsert_schedule: str
     delete_schedule: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 import asyncpg
@@ -35,6 +36,10 @@ class JobStore:
         try:
             rows = await self.pool.fetch(statement, queue, limit, self.owner)
         except asyncpg.UniqueViolationError:
+            if not one_per_key:
+                # Jobs still carrying a one-per-key policy on a queue that no longer has it
+                # (sent while a policy change was installed): claim one per key, not none.
+                return await self.claim(queue, limit, one_per_key=True)
             # Another replica claimed a job of the same key at the same instant: the policy
             # index refused ours. Nothing was claimed; the next round sees the active job.
             return []
@@ -50,14 +55,21 @@ class JobStore:
         """
         if not done:
             return await self.claim(queue, limit), set()
-        rows = await self.pool.fetch(
-            self.sql.complete_and_claim,
-            queue,
-            limit,
-            self.owner,
-            [j.id for j in done],
-            [j.attempt for j in done],
-        )
+        try:
+            rows = await self.pool.fetch(
+                self.sql.complete_and_claim,
+                queue,
+                limit,
+                self.owner,
+                [j.id for j in done],
+                [j.attempt for j in done],
+                [j.started_at for j in done],
+            )
+        except asyncpg.UniqueViolationError:
+            # The claim half met a policy index (as in claim): nothing was written. Write the
+            # completions alone, then claim one per key, as claim does after such a refusal.
+            lost = await self.complete_lost(done)
+            return await self.claim(queue, limit, one_per_key=True), lost
         lost = set(rows[0]["lost"])
         jobs = [ClaimedJob.from_row(queue, row) for row in rows if row["id"] is not None]
         return _ordered(jobs), lost
@@ -67,9 +79,7 @@ class JobStore:
         rescued or expired meanwhile and are left as they are)."""
         if not jobs:
             return set()
-        rows = await self.pool.fetch(
-            self.sql.complete, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
-        )
+        rows = await self.pool.fetch(self.sql.complete, *self._fence(jobs))
         return {row["id"] for row in rows}
 
     async def complete_lost(self, jobs: Sequence[ClaimedJob]) -> set[int]:
@@ -77,9 +87,7 @@ class JobStore:
         meanwhile, left as they are). Cheaper than :meth:`complete` for large batches."""
         if not jobs:
             return set()
-        lost = await self.pool.fetchval(
-            self.sql.complete_lost, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
-        )
+        lost = await self.pool.fetchval(self.sql.complete_lost, *self._fence(jobs))
         return set(lost)
 
     async def fail(
@@ -94,7 +102,8 @@ class JobStore:
             [job.id for job, _ in failures],
             [job.attempt for job, _ in failures],
             owner_list,
-            [error[:2000] for _, error in failures],
+            [storable_text(error[:2000]) for _, error in failures],
+            [job.started_at for job, _ in failures],
         )
         return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
 
@@ -102,10 +111,29 @@ class JobStore:
         """Return claimed jobs to the queue, due at once, without counting a failure."""
         if not jobs:
             return set()
-        rows = await self.pool.fetch(
-            self.sql.hand_back, [j.id for j in jobs], [j.attempt for j in jobs], self.owner
-        )
+        rows = await self.pool.fetch(self.sql.hand_back, *self._fence(jobs))
         return {row["id"] for row in rows}
+
+    def _fence(
+        self, jobs: Sequence[ClaimedJob]
+    ) -> tuple[list[int], list[int], UUID, list[datetime]]:
+        """The fence parameters of a batched write: ids, attempts, owner, claim instants."""
+        return (
+            [j.id for j in jobs],
+            [j.attempt for j in jobs],
+            self.owner,
+            [j.started_at for j in jobs],
+        )
+
+
+def storable_text(text: str) -> str:
+    """``text`` as PostgreSQL can store it: surrogate pairs joined into their character, a lone
+    surrogate (which UTF-8 cannot encode) replaced by U+FFFD, and NUL (which text cannot hold)
+    removed."""
+    if text.isascii():
+        return text.replace("\x00", "")
+    joined = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return joined.replace("\x00", "")
 
 
 def _ordered(jobs: list[ClaimedJob]) -> list[ClaimedJob]:

@@ -1,7 +1,8 @@
 """The nightly retention purges on the chassis tables (contract section 7).
 
-Each purge is a ``singleton`` queue, so two replicas never sweep one table at once, and runs as
-an ordinary job: retries, dead letter and metrics come with the queue.
+Each purge is a ``singleton`` queue and runs as an ordinary job: retries, dead letter and
+metrics come with the queue. Two runs of one purge never overlap, whatever sent their jobs: each
+run holds the purge's lock (see :mod:`.exclusive`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ APIKEY_EXPIRY_QUEUE = "apikey-expiry-sweep"
 IDEMPOTENCY_PURGE_QUEUE = "idempotency-purge"
 ORPHAN_USER_PURGE_QUEUE = "orphan-user-purge"
 
-#: Singleton: two replicas never sweep the same table at once.
+#: Singleton: one active job per key (the run lock covers jobs of different keys).
 PURGE_OPTIONS = QueueOptions(
     policy="singleton", retry_limit=2, retry_delay=60, retry_backoff=True, expire_seconds=3600
 )
@@ -31,7 +32,14 @@ PURGE_OPTIONS = QueueOptions(
 def _purge(queue: str, cron: str | None, body: PurgeBody) -> InstalledJob:
     def make_consumer(ctx: JobContext) -> Consumer:
         async def run_job(job: ClaimedJob) -> object:
-            await run_purge(ctx.pool, ctx.settings.jobs_schema, queue, job.id, body)
+            await run_purge(
+                ctx.pool,
+                ctx.settings.jobs_schema,
+                queue,
+                job.id,
+                body,
+                session_url=ctx.session_url,
+            )
             return None
 
         return Consumer(queue=queue, run_job=run_job, one_per_key=True)

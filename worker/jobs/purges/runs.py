@@ -15,6 +15,7 @@ import structlog
 from ...db.bounded import HandlerPool
 from ...metrics import PURGE_DELETED
 from . import sql
+from .exclusive import RUN_LOCK_WAIT_SECONDS, exclusive_run
 
 log = structlog.get_logger("worker.purge")
 
@@ -46,9 +47,28 @@ PurgeBody = Callable[[asyncpg.Connection, PurgeRun], Awaitable[None]]
 
 
 async def run_purge(
+    pool: HandlerPool,
+    schema: str,
+    queue: str,
+    job_id: int | None,
+    body: PurgeBody,
+    *,
+    session_url: str,
+    lock_wait: float = RUN_LOCK_WAIT_SECONDS,
+) -> PurgeRun:
+    """Under the purge's run lock (a dedicated connection to ``session_url``), read the clock,
+    run ``body`` on one connection, record the run and log ``purge.ran``.
+
+    The lock comes first, so a run that waited for another measures against a clock read after
+    that one finished, and its record never overlaps the other's.
+    """
+    async with exclusive_run(session_url, queue, wait=lock_wait):
+        return await _run(pool, schema, queue, job_id, body)
+
+
+async def _run(
     pool: HandlerPool, schema: str, queue: str, job_id: int | None, body: PurgeBody
 ) -> PurgeRun:
-    """Read the clock, run ``body`` on one connection, record the run and log ``purge.ran``."""
     started = time.perf_counter()
     async with pool.acquire() as conn:
         now: datetime = await conn.fetchval(sql.READ_CLOCK)

@@ -46,16 +46,12 @@ SET revoked_at = expires_at
 WHERE revoked_at IS NULL AND expires_at IS NOT NULL AND expires_at < $1::timestamptz
 """
 
-ORPHAN_CANDIDATES = """
--- orphan-user-purge candidates: at most $5 users created before $1 - $2 hours with no membership
--- row at all (deactivated ones count), no session live at $1, no live pending invitation for
--- their email in any letter case, not a verified address of the superadmin list $3 (one jsonb
--- array of trimmed, lower-cased emails), not the instance operator, and not already skipped in
--- this run ($4, a jsonb array of ids). Every exclusion is here, not in the caller, so a user the
--- sweep must keep never takes a slot of the batch.
-SELECT u.id, u.email
-FROM public."user" u
-WHERE u.created_at < $1::timestamptz - make_interval(hours => $2::int)
+#: The orphan rule for user ``u`` (contract section 7), shared by the candidate scan and the
+#: re-check so the two can never drift apart: created before $1 - $2 hours, no membership row at
+#: all (deactivated ones count), no session live at $1, no live pending invitation for the email
+#: in any letter case, not a verified address of the superadmin list $3 (one jsonb array of
+#: trimmed, lower-cased emails), not the instance operator.
+_ORPHAN_RULE = """u.created_at < $1::timestamptz - make_interval(hours => $2::int)
   AND NOT EXISTS (SELECT 1 FROM public.workspace_members m WHERE m.user_id = u.id)
   AND NOT EXISTS (
       SELECT 1 FROM public.session s WHERE s.user_id = u.id AND s.expires_at > $1::timestamptz)
@@ -69,33 +65,55 @@ WHERE u.created_at < $1::timestamptz - make_interval(hours => $2::int)
       SELECT 1 FROM jsonb_array_elements_text($3::jsonb) AS sa (email)
       WHERE u.email_verified AND sa.email = lower(btrim(u.email)))
   AND u.id IS DISTINCT FROM (
-      SELECT operator_user_id FROM public.instance_settings WHERE id = 1)
+      SELECT operator_user_id FROM public.instance_settings WHERE id = 1)"""
+
+ORPHAN_CANDIDATES = f"""
+-- orphan-user-purge candidates: at most $5 users the orphan rule selects at $1 that were not
+-- already passed over in this run ($4, a jsonb array of ids). Every exclusion is here, not in
+-- the caller, so a user the sweep must keep never takes a slot of the batch.
+SELECT u.id, u.email
+FROM public."user" u
+WHERE {_ORPHAN_RULE}
   AND NOT EXISTS (
       SELECT 1 FROM jsonb_array_elements_text($4::jsonb) AS skipped (id) WHERE skipped.id = u.id)
 ORDER BY u.created_at, u.id
 LIMIT $5
 """
 
+USER_TRANSACTION_LIMITS = """
+-- orphan-user-purge, in each user's transaction: how long a lock may be waited for ($1) before
+-- the statement fails, so a table or row the app keeps locked is given up on, never waited on
+-- for long; and a cap on any one statement.
+SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', '30s', true)
+"""
+
+LOCK_EXCLUSION_TABLES = """
+-- orphan-user-purge, first lock of each user's transaction: nothing ties an invitation to a user
+-- row (it names an email), and an app's own instance_settings may have no foreign key on
+-- operator_user_id, so no row lock can see a write to them coming. SHARE conflicts only with
+-- writers (ROW EXCLUSIVE): one in flight makes this wait for its commit, so the re-check sees
+-- it; one that comes later waits the few milliseconds until this user's transaction ends.
+-- Readers are never blocked. Taken before the user row, so an app transaction that writes one
+-- of these tables and then references the user (accepting an invitation adds a membership;
+-- naming the operator checks its foreign key) never waits on us while we wait on it.
+LOCK TABLE public.invitations, public.instance_settings IN SHARE MODE
+"""
+
 LOCK_USER = """
--- orphan-user-purge, inside the user's own transaction: FOR UPDATE conflicts with the FOR KEY
--- SHARE lock that inserting a membership or a session takes on the user row, so an insert that
--- is in flight makes this wait for its commit, and one that comes later waits for ours (then
--- fails its foreign key: it can never survive as a row of a deleted user).
+-- orphan-user-purge, after the table locks: FOR UPDATE conflicts with the FOR KEY SHARE lock
+-- that inserting a membership or a session (or pointing operator_user_id at the user, when that
+-- column has its foreign key) takes on the user row, and with any update of the row (a changed
+-- email or verification): one in flight makes this wait for its commit, and one that comes
+-- later waits for ours (then fails its foreign key: it never survives as a row of a deleted
+-- user).
 SELECT id FROM public."user" WHERE id = $1 FOR UPDATE
 """
 
-STILL_IN_USE = """
--- orphan-user-purge re-check under the row lock, in a new snapshot: any membership row, or a
--- session live at the run's clock $2, keeps the user.
-SELECT EXISTS (SELECT 1 FROM public.workspace_members WHERE user_id = $1)
-    OR EXISTS (
-        SELECT 1 FROM public.session WHERE user_id = $1 AND expires_at > $2::timestamptz)
-"""
-
-USER_TRANSACTION_LIMITS = """
--- orphan-user-purge, first in each user's transaction: a user whose row or cascade targets stay
--- locked by the app for seconds is skipped this run rather than stalling the sweep.
-SELECT set_config('lock_timeout', '5s', true), set_config('statement_timeout', '30s', true)
+STILL_ORPHAN = f"""
+-- orphan-user-purge re-check under every lock above, as its own statement so its snapshot is
+-- taken after the waits (a FOR UPDATE re-reads only the locked row, never its subqueries): the
+-- whole orphan rule again for user $4, on the locked row as committed.
+SELECT EXISTS (SELECT 1 FROM public."user" u WHERE u.id = $4 AND {_ORPHAN_RULE})
 """
 
 DELETE_USER = """
