@@ -42,6 +42,13 @@ factor means a lot.
   says whether other databases wrote during the window.
 * ``peak RSS``: ``VmHWM`` of the worker process right after its drain.
 
+* ``counts``: the queue counts with 5,000,000 retained jobs (200,000 of them waiting): the
+  ``/metrics`` scrape of a real worker, each scrape due to count afresh and checked to show a
+  job finished just before it (target under 1 s), ``chassis-worker queues --json`` as a whole
+  command (target under 2 s), and the drain above on that database and on an empty one, in one
+  sitting. The database is filled once (about 2 minutes of the 5 this adds; see
+  ``benchmarks/counts.py``).
+
 Helpers started by others add ``benchmarks/purge.py`` and ``benchmarks/ingest.py``; when they
-exist, their ``main()`` runs after the queue figures.
+exist, their ``main()`` runs after the queue figures, and so does ``benchmarks/counts.py``.
 """

@@ -67,7 +67,7 @@ async def idle_cost() -> IdleResult:
         name = url.rsplit("/", 1)[1]
         daemon = start_worker(url, "benchmarks.noop:IDLE")
         try:
-            await anyio.to_thread.run_sync(daemon.wait_ready)
+            await anyio.to_thread.run_sync(daemon.wait_ready, 60.0)
             # A fresh database invites autovacuum (the install wrote rows and catalogs), whose
             # transactions count in xact_commit too: leave it nothing to do in the window.
             # ANALYZE first, then VACUUM, which also clears the pg_statistic rows ANALYZE wrote.

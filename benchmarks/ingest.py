@@ -25,12 +25,13 @@ import httpx
 
 from api_sender import Sender, UsageEvent, create_pool
 from tests.support.hub import Hub
+from tests.support.processes import Daemon
 from worker.install import install
 from worker.jobs.registry import installed_jobs
 from worker.logging import configure_logging
 from worker.settings import Settings
 
-from .common import RUNS, SCHEMA, Daemon, scratch_database, start_worker
+from .common import RUNS, SCHEMA, scratch_database, start_worker
 from .report import Row, measured
 
 TOKEN = "bench-token"
@@ -127,7 +128,7 @@ async def one_run() -> tuple[float, float, float, float]:
         await install(url, SCHEMA, installed_jobs(settings, []), cron_tz="UTC", lock_timeout=60)
         api = start_worker(url, "", env={"SERVICE_ROLE": "api", "INGEST_TOKEN": TOKEN})
         try:
-            await anyio.to_thread.run_sync(api.wait_ready)
+            await anyio.to_thread.run_sync(api.wait_ready, 60.0)
             ingest = await ingest_rate(api)
         finally:
             api.stop()

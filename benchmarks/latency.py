@@ -68,7 +68,7 @@ async def pickup_latency() -> tuple[float, float]:
             url, "benchmarks.noop:LATENCY", {"BENCH_LATENCY_ADDR": f"127.0.0.1:{collector.port}"}
         )
         try:
-            await anyio.to_thread.run_sync(daemon.wait_ready)
+            await anyio.to_thread.run_sync(daemon.wait_ready, 60.0)
             async with Sender.connect(url, min_size=1, max_size=2) as sender:
                 start = time.monotonic()
                 for i in range(WARMUP + JOBS):

@@ -13,7 +13,9 @@ from pathlib import Path
 import anyio
 import asyncpg
 
-from .common import ROOT, scratch_database
+from tests.support.processes import ROOT
+
+from .common import scratch_database
 from .latency import collecting
 
 PEERS = ROOT / "benchmarks" / ".peers"

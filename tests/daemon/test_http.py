@@ -108,6 +108,40 @@ async def test_a_database_closed_to_connections_is_waited_out(db_url, admin_url,
         daemon.kill()
 
 
+async def test_a_scrape_answers_while_the_count_waits_and_its_result_lands_after(
+    db_url: str, tmp_path
+) -> None:
+    """With the counters locked by another session the queue count cannot finish, yet /metrics
+    answers (without the queue's series yet, logging metrics.count_pending); once the lock goes,
+    the count that waited sets the gauges, seen at once by the next scrapes."""
+    pool = await create_pool(db_url, max_size=2)
+    try:
+        await make_queue(pool, "unconsumed")
+        await Sender(pool).send("unconsumed", {})
+    finally:
+        await pool.close()
+    daemon = start_daemon(db_url, tmp_path)
+    locker = await asyncpg.connect(db_url)
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        waiting = 'queue_jobs{queue="unconsumed",state="created"} 1.0'
+        async with locker.transaction():
+            await locker.execute("LOCK TABLE jobs.job_count IN ACCESS EXCLUSIVE MODE")
+            status, text = await asyncio.to_thread(daemon.get, "/metrics", 10.0)
+            assert status == 200
+            assert waiting not in text
+            assert any(e["event"] == "metrics.count_pending" for e in daemon.events())
+        for _ in range(15):
+            status, text = await asyncio.to_thread(daemon.get, "/metrics")
+            if waiting in text:
+                break
+            await asyncio.sleep(0.1)
+        assert waiting in text
+    finally:
+        await locker.close()
+        daemon.kill()
+
+
 # --- Slow and broken clients (issue 10, C14) ---------------------------------------------------
 
 TOKEN = "test-http-token"

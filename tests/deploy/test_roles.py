@@ -20,6 +20,7 @@ import pytest
 
 from api_sender import PermissionDenied, Sender, UsageEvent
 from tests.deploy.files import ROLES_SQL
+from tests.support.counts import reported_counts
 from tests.support.postgres import create_database, drop_database, with_database
 from tests.support.processes import Daemon, run_cli, start_daemon
 from tests.support.queues import make_queue
@@ -203,6 +204,10 @@ async def test_api_role_ingests_and_enqueues_but_cannot_delete_or_create(
 
         api = await asyncpg.connect(api_url)
         try:
+            # The timer cancel went through the counting trigger as the api role, and the api
+            # role reads the counts (its /metrics does too, below).
+            assert (await reported_counts(api))[("audit-purge", "cancelled")] == 1
+            assert await refused(api, "DELETE FROM jobs.job_count")
             assert await refused(api, "CREATE TABLE jobs.intruder (id int)")
             assert await refused(api, "CREATE SCHEMA intruder")
             assert await refused(api, "DELETE FROM jobs.job")
@@ -228,6 +233,14 @@ async def test_api_role_ingests_and_enqueues_but_cannot_delete_or_create(
                 assert granted is True, table
         finally:
             await admin.close()
+        cancelled = 'queue_jobs{queue="audit-purge",state="cancelled"} 1.0'
+        for _ in range(40):  # a count slower than a scrape's budget shows on a later scrape
+            status, text = await asyncio.to_thread(daemon.get, "/metrics")
+            assert status == 200
+            if cancelled in text:
+                break
+            await asyncio.sleep(0.25)
+        assert cancelled in text
         assert daemon.stop() == 0, daemon.logs()
     finally:
         daemon.kill()

@@ -1,4 +1,8 @@
-"""Running the real ``chassis-worker`` CLI in subprocesses, as an operator would."""
+"""Running the real ``chassis-worker`` CLI in subprocesses, as an operator would.
+
+The one process harness of the tests and the benchmarks (``benchmarks/common.py`` starts its
+workers through :func:`start_daemon` with ``fast=False``).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +34,14 @@ FAST_TIMINGS = {
     "LOG_LEVEL": "info",
 }
 
+#: A benchmark's daemon: the daemon's own default timings, and only warnings logged (with the
+#: log downstream at info, every delivered batch would be written out and timed with it).
+BENCH_SETTINGS = {"LOG_FORMAT": "json", "LOG_LEVEL": "warning"}
+
+#: Settings a daemon started here never inherits from the caller's environment: it gets only
+#: what the test or benchmark gives it.
+_NOT_INHERITED = ("DATABASE_", "SERVICE_", "TOOL_", "POLL_", "LOG_")
+
 
 #: Ports this process handed out: a port is free again the moment its probe socket closes, so
 #: the kernel may offer it twice before the first daemon binds it (seen: two of ten daemons
@@ -48,11 +60,12 @@ def free_port() -> int:
             return port
 
 
-def base_env(database_url: str | None, **extra: str) -> dict[str, str]:
-    """The environment of a daemon process under test (no inherited DATABASE_URL; ``None``
-    leaves it unset, for the embedded server)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "SERVICE_"))}
-    env.update(FAST_TIMINGS)
+def base_env(database_url: str | None, *, fast: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of a daemon process: FAST_TIMINGS for a test (``fast``), else the
+    defaults and BENCH_SETTINGS (a benchmark); nothing in _NOT_INHERITED from the caller.
+    ``database_url`` ``None`` leaves DATABASE_URL unset, for the embedded server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
+    env.update(FAST_TIMINGS if fast else BENCH_SETTINGS)
     if database_url is not None:
         env["DATABASE_URL"] = database_url
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -103,10 +116,20 @@ class Daemon:
         raise AssertionError(f"daemon not ready after {timeout}s:\n{self.logs()}")
 
     def _listening(self) -> bool:
-        """Whether this process logged that its HTTP listener is bound to ``port``."""
+        """Whether this process itself listens on ``port``: from /proc where there is one (any
+        log level), else from its ``http.listening`` log line."""
+        if _PROC_NET.exists():
+            return self.port in listening_ports(self.pid)
         return any(
             e.get("event") == "http.listening" and e.get("port") == self.port for e in self.events()
         )
+
+    def peak_rss_bytes(self) -> int:
+        """VmHWM: the most resident memory the process has had so far (Linux)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM in /proc status")
 
     def logs(self) -> str:
         """Everything the process wrote so far."""
@@ -157,10 +180,13 @@ def start_daemon(
     role: str = "worker",
     env: Mapping[str, str] | None = None,
     name: str = "daemon",
+    fast: bool = True,
 ) -> Daemon:
-    """Start ``python -m worker run`` with fast timings; returns at once (see ``wait_ready``)."""
+    """Start ``python -m worker run`` (fast timings unless ``fast`` is false) with ``log_dir``
+    as its working directory; returns at once (see ``wait_ready``)."""
     port = free_port()
-    full_env = base_env(database_url, SERVICE_ROLE=role, HTTP_PORT=str(port), **dict(env or {}))
+    settings = {"SERVICE_ROLE": role, **dict(env or {}), "HTTP_PORT": str(port)}
+    full_env = base_env(database_url, fast=fast, **settings)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{port}.log"
     handle = log_path.open("wb")
@@ -206,6 +232,35 @@ def split_stderr(stderr: str) -> tuple[list[dict[str, Any]], list[str]]:
         else:
             lines.append(line)
     return records, lines
+
+
+_PROC_NET = Path("/proc/self/net/tcp")
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` holds a listening socket on (Linux /proc)."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    sockets = set()
+    try:
+        for fd in fd_dir.iterdir():
+            try:
+                sockets.add(os.readlink(fd))
+            except OSError:  # closed meanwhile
+                continue
+    except OSError:  # the process is gone
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and f"socket:[{inode}]" in sockets:  # 0A: LISTEN
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _decode(body: str) -> Any:

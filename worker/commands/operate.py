@@ -65,7 +65,10 @@ async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
     async with reaching(url):
         conn = await connect(url)
     try:
-        rows = await conn.fetch(render(schema).counts)
+        async with conn.transaction(readonly=True):
+            # jit off: see the statement.
+            await conn.execute("SET LOCAL jit = off")
+            rows = await conn.fetch(render(schema).counts)
         purges: dict[str, Any] = {}
         if await conn.fetchval(purge_sql.HAS_RUN_TABLE, purge_sql.run_table(schema)):
             purges = {r["queue"]: r for r in await conn.fetch(purge_sql.last_runs(schema))}

@@ -26,6 +26,9 @@ log = structlog.get_logger("worker.maintenance")
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 2000
 PRUNE_BUDGET_SECONDS = 2.0
+#: A (queue, state) keeps up to this many counter rows before a prune pass folds them (about
+#: as many as write to it at once: fewer would only be split again).
+COMPACT_KEEP = 4
 
 
 class Maintenance:
@@ -188,4 +191,7 @@ class Maintenance:
             if deleted < PRUNE_BATCH:
                 break
         await self._pool.execute(self._sql.prune_workers)
+        # Every counter row comes from a job entering or leaving a finished state, and finished
+        # jobs become prunable after their retention: folding here bounds the rows.
+        await self._pool.fetchval(self._sql.compact_counts, COMPACT_KEEP)
         return total

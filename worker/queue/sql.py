@@ -473,16 +473,46 @@ DB_NOW = "SELECT now()"
 
 COUNTS = """
 -- queues: jobs per queue and state, and the age of the oldest job waiting to run (due now).
+-- Reads no finished row, so its cost does not grow with retention: the finished states are the
+-- sums of job_count (kept exact by the triggers of migration 0005, in the same transactions as
+-- the changes, so one snapshot sees both consistently); the waiting ones are counted through
+-- index job_fetch (the waiting set only), the active ones through job_active. Run it with jit
+-- off: the planner's guess for an unanalysed queue table can exceed jit_above_cost, and
+-- compiling costs more than this whole statement.
+WITH finished AS (
+    SELECT c.queue, c.state::text AS state, sum(c.n) AS n
+    FROM {s}.job_count c GROUP BY c.queue, c.state
+), active AS (
+    SELECT j.queue, count(*) AS n FROM {s}.job j WHERE j.state = 'active' GROUP BY j.queue
+)
 SELECT q.name,
-       COALESCE((SELECT jsonb_object_agg(state, n) FROM (
-           SELECT j.state::text AS state, count(*) AS n FROM {s}.job j
-           WHERE j.queue = q.name GROUP BY j.state) c), '{{}}'::jsonb)::text AS counts,
-       (SELECT extract(epoch FROM now() - min(j.start_after)) FROM {s}.job j
-        WHERE j.queue = q.name AND j.state < 'active' AND j.start_after <= now())
-           AS oldest_waiting_seconds,
-       q.policy, q.dead_letter, q.paused, s.cron, s.last_run
-FROM {s}.queue q LEFT JOIN {s}.schedule s ON s.queue = q.name
+       jsonb_build_object(
+           'created', w.created, 'retry', w.retry, 'active', COALESCE(a.n, 0),
+           'completed', COALESCE(f.counts -> 'completed', '0'),
+           'cancelled', COALESCE(f.counts -> 'cancelled', '0'),
+           'failed', COALESCE(f.counts -> 'failed', '0'))::text AS counts,
+       w.oldest_waiting_seconds, q.policy, q.dead_letter, q.paused, s.cron, s.last_run
+FROM {s}.queue q
+LEFT JOIN {s}.schedule s ON s.queue = q.name
+LEFT JOIN active a ON a.queue = q.name
+LEFT JOIN LATERAL (
+    SELECT jsonb_object_agg(f.state, f.n) AS counts FROM finished f WHERE f.queue = q.name
+) f ON true
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE j.state = 'created') AS created,
+           count(*) FILTER (WHERE j.state = 'retry') AS retry,
+           extract(epoch FROM now() - min(j.start_after) FILTER (WHERE j.start_after <= now()))
+               AS oldest_waiting_seconds
+    FROM {s}.job j WHERE j.queue = q.name AND j.state < 'active'
+) w
 ORDER BY q.name
+"""
+
+COMPACT_COUNTS = """
+-- compact counts: folds the job_count rows of every (queue, state) that has more than $1 of
+-- them (piled up under contention, by repeatable-read writers or bulk inserts) into one, same
+-- sums; skips rows a writer holds (SKIP LOCKED), so it never waits and may run anywhere.
+SELECT {s}.job_count_compact($1)
 """
 
 INSTALL_DONE = """
@@ -525,6 +555,7 @@ class QueueStatements:
     fire_schedule: str
     db_now: str
     counts: str
+    compact_counts: str
     install_done: str
     install_state: str
 
