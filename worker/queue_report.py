@@ -8,10 +8,10 @@ from typing import Any
 
 import asyncpg
 
+from api_sender.jobs import STATES
+
 from .jobs.purges import sql as purge_sql
 from .queue.sql import render
-
-STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
 
 
 async def queue_report(conn: asyncpg.Connection, schema: str) -> list[dict[str, Any]]:

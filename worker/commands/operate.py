@@ -9,13 +9,13 @@ from typing import Any
 import anyio
 
 from api_sender import InvalidJob, QueueNotFound, Sender
+from api_sender.jobs import STATES
 
 from ..boot import database_url, run
 from ..db.connections import connect
 from ..install import install
 from ..jobs.registry import installed_jobs
 from ..jobs.tools import load_declarations
-from ..queue_report import STATES
 from ..queue_report import queue_report as report_on
 from ..settings import Settings
 from .failures import reaching

@@ -8,6 +8,8 @@ from typing import Any
 
 import asyncpg
 
+from api_sender._schema import quoted
+
 from ...queue.throughput import LAST_HOUR, tally
 from ...queue_report import queue_report
 
@@ -16,6 +18,12 @@ async def queues_document(pool: asyncpg.Pool, schema: str) -> list[dict[str, Any
     """One entry per queue, the ``queues --json`` document."""
     async with pool.acquire() as conn:
         return await queue_report(conn, schema)
+
+
+async def queue_names(pool: asyncpg.Pool, schema: str) -> list[str]:
+    """Every installed queue's name, for the filter form (no counting)."""
+    rows = await pool.fetch(f"SELECT name FROM {quoted(schema)}.queue ORDER BY name")
+    return [row["name"] for row in rows]
 
 
 @dataclass(frozen=True, slots=True)
