@@ -199,29 +199,42 @@ QUEUE_PURGE = _queue_action(
 )
 
 
+#: The job states, in enum order (the only values a list's state filter may take).
+JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
 _LIST_CONDITIONS = {
     "queue": "j.queue = :queue",
-    "state": "j.state = :state::text::{s}.job_state",
     "key": "j.singleton_key = :key",
     "after": "j.id < :after",
 }
-_LISTS: dict[tuple[bool, ...], Query] = {}
+_LISTS: dict[tuple[str | None, bool, bool, bool], Query] = {}
 
 
-def list_jobs(queue: bool, state: bool, key: bool, after: bool) -> Query:
+def list_jobs(queue: bool, state: str | None, key: bool, after: bool) -> Query:
     """jobs.list with the given filters: fixed text per combination, so each one is prepared
-    once and planned for its own filters (no ``:x IS NULL OR ...`` that defeats the index)."""
-    flags = (queue, state, key, after)
+    once and planned for its own filters (no ``:x IS NULL OR ...`` that defeats the index).
+
+    The state is written into the text, one statement per state (a name checked against the
+    enum, never the caller's text): a parameter would let the plan cache settle on a generic
+    plan, which cannot use the partial index job_settled for the few failed, cancelled and
+    retry jobs among millions of completed ones.
+    """
+    if state is not None and state not in JOB_STATES:
+        raise ValueError(f"unknown job state {state!r}")
+    flags = (state, queue, key, after)
     query = _LISTS.get(flags)
     if query is None:
-        used = [cond for on, cond in zip(flags, _LIST_CONDITIONS.values(), strict=True) if on]
+        on = {"queue": queue, "key": key, "after": after}
+        used = [cond for name, cond in _LIST_CONDITIONS.items() if on[name]]
+        if state is not None:
+            used.insert(1 if queue else 0, f"j.state = '{state}'")
         where = " AND ".join(used) or "true"
-        tag = "".join(name[0] for on, name in zip(flags, _LIST_CONDITIONS, strict=True) if on)
+        tag = "".join(name[0] for name in _LIST_CONDITIONS if on[name]) + (state or "")
         query = _LISTS[flags] = Query(
             f"list_jobs_{tag or 'all'}",
             f"""
 -- jobs.list: newest first (by id), keyset-paginated on id; :limit is one more than the page
--- so the caller knows whether a next page exists.
+-- so the caller knows whether a next page exists. Filtered on a failed, cancelled or retry
+-- state, it reads job_settled (queue, state, id) backwards.
 SELECT {JOB_COLUMNS} FROM {{s}}.job j
 WHERE {where}
 ORDER BY j.id DESC

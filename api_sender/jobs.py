@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import asyncpg
 
@@ -22,7 +22,7 @@ from .query import Query, Rendered
 
 State = Literal["created", "retry", "active", "completed", "cancelled", "failed"]
 #: pg-boss's states, in the order of the job_state enum.
-STATES: tuple[State, ...] = ("created", "retry", "active", "completed", "cancelled", "failed")
+STATES = cast("tuple[State, ...]", q.JOB_STATES)
 Action = Literal["retry", "cancel", "resume", "delete"]
 #: The states each action moves jobs out of.
 ACTION_STATES: dict[Action, tuple[State, ...]] = {
@@ -203,15 +203,11 @@ class JobsApi:
         values: dict[str, Any] = {"limit": limit + 1}
         if queue is not None:
             values["queue"] = _text("queue", queue)
-        if state is not None:
-            values["state"] = state
         if key is not None:
             values["key"] = _text("key", key)
         if after is not None:
             values["after"] = parse_cursor(after)
-        sql = self._sql(
-            q.list_jobs(*(name in values for name in ("queue", "state", "key", "after")))
-        )
+        sql = self._sql(q.list_jobs("queue" in values, state, "key" in values, "after" in values))
         rows = await self._pool.fetch(sql.text, *sql.args(values))
         jobs = [Job.from_row(row) for row in rows[:limit]]
         return JobPage(jobs, str(jobs[-1].id) if len(rows) > limit else None)

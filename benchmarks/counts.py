@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from worker.queue.sql import render as render_sql
 
 from . import drain
 from .common import RUNS, install_queues, scratch_database, start_worker
+from .console import console_figures
 from .noop import DRAIN, DRAIN_QUEUE, noop
 from .report import Row, measured, render
 
@@ -284,6 +286,15 @@ async def measure() -> list[Row]:
                 f" (the statement {counts[-1] * 1000:.0f} ms); drain {with_rows[-1]:,.0f} jobs/s"
                 f" among the retained rows, {without_rows[-1]:,.0f} on an empty database"
             )
+        with tempfile.TemporaryDirectory(prefix="bench-console-") as log_dir:
+            console_rows = await console_figures(
+                url,
+                RETAINED_QUEUES[0],
+                lambda: drain_retained(url),
+                log_dir,
+                f"{RETAINED:,} jobs",
+            )
+        _progress("console figures done")
     retained = f"{RETAINED:,} retained jobs ({WAITING:,} waiting)"
     ratios = [a / b for a, b in zip(with_rows, without_rows, strict=True)]
     fresh = f"{RUNS * SCRAPES - stale} of {RUNS * SCRAPES} fresh"
@@ -330,6 +341,7 @@ async def measure() -> list[Row]:
             None,
             f"[{fill.recount_seconds:.1f}]",
         ),
+        *console_rows,
     ]
 
 

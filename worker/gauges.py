@@ -17,12 +17,13 @@ import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
+from api_sender.jobs import STATES
+
 from .metrics import QUEUE_JOBS, QUEUE_OLDEST_WAITING, QUEUE_PAUSED
 from .queue.sql import render
 
 log = structlog.get_logger("worker.metrics")
 
-STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
 #: Scrapes closer together than this reuse the last counts (every replica answers scrapes).
 MIN_REFRESH_SECONDS = 5.0
 #: How long a scrape waits for a count in progress before answering with the previous values

@@ -25,6 +25,7 @@ from .queue.maintenance import Maintenance
 from .queue.poller import Poller
 from .queue.sql import render
 from .queue.store import JobStore
+from .queue.throughput import Tally
 from .settings import Settings
 
 log = structlog.get_logger("worker.runtime")
@@ -56,7 +57,10 @@ class WorkerRuntime:
         #: One clock of database availability for the whole process: every loop reports a
         #: lost database, and maintenance judges other workers only after a stale interval.
         self.availability = Availability()
-        self.completer = Completer(self.store, self.holdings, self.availability)
+        self.tally = Tally(pool, schema)
+        self.completer = Completer(
+            self.store, self.holdings, self.availability, on_finished=self.tally.finished
+        )
         handler_pool = HandlerPool(pool, settings.database_pool_size - RESERVED_CONNECTIONS)
         context = JobContext(settings=settings, pool=handler_pool, sender=sender, session_url=url)
         self.pollers = [
@@ -162,6 +166,7 @@ class WorkerRuntime:
                 tg.start_soon(self.heartbeat.run)
                 tg.start_soon(self.maintenance.run)
                 tg.start_soon(self.cron.run)
+                tg.start_soon(self.tally.run)
 
     async def shutdown(self, grace: float) -> None:
         """Stop claiming, let handlers finish within ``grace``, hand the rest back, flush."""

@@ -290,3 +290,32 @@ async def test_a_late_outcome_of_a_cancelled_job_is_logged_as_cancel_fenced(
     after = REGISTRY.get_sample_value("jobs_lease_lost_total", {"queue": "q"}) or 0.0
     assert after == before
     assert holdings.count == 0
+
+
+async def test_a_filtered_list_of_failed_jobs_reads_its_partial_index(
+    pool: asyncpg.Pool, sender: Sender
+) -> None:
+    """Among 50,000 completed jobs, the failed jobs of a queue are listed through job_settled,
+    even once the plan cache would use a generic plan (the state is in the statement's text)."""
+    import json as json_module
+
+    from api_sender import job_queries
+
+    await make_queue(pool, "q")
+    await pool.execute(
+        "INSERT INTO jobs.job (queue, state, retry_limit, retry_delay, retry_backoff,"
+        " expire_seconds, completed_at) SELECT 'q', CASE WHEN g % 500 = 0 THEN 'failed'"
+        " ELSE 'completed' END::jobs.job_state, 0, 0, false, 900, now()"
+        " FROM generate_series(1, 50000) g"
+    )
+    await pool.execute("ANALYZE jobs.job")
+    sql = job_queries.list_jobs(True, "failed", False, False).render("jobs")
+    async with pool.acquire() as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        statement = await conn.prepare("EXPLAIN (FORMAT JSON) " + sql.text)
+        plan = await statement.fetchval(*sql.args({"queue": "q", "limit": 51}))
+        await conn.execute("RESET plan_cache_mode")
+    text = json_module.dumps(plan)
+    assert "job_settled" in text
+    assert "Seq Scan" not in text
+    assert len((await sender.jobs.list(queue="q", state="failed", limit=1000)).jobs) == 100

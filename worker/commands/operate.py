@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import anyio
 
 from api_sender import InvalidJob, QueueNotFound, Sender
+from api_sender.jobs import STATES
 
 from ..boot import database_url, run
 from ..db.connections import connect
 from ..install import install
-from ..jobs.purges import sql as purge_sql
 from ..jobs.registry import installed_jobs
 from ..jobs.tools import load_declarations
-from ..queue.sql import render
+from ..queue_report import queue_report as report_on
 from ..settings import Settings
 from .failures import reaching
 from .sending import prepare_send
-
-STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
 
 
 class CommandError(Exception):
@@ -61,48 +58,14 @@ async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
-    """One entry per queue: counts per state, the oldest waiting job's age, the last purge run."""
+    """One entry per queue (:func:`worker.queue_report.queue_report`), on a connection of its
+    own."""
     async with reaching(url):
         conn = await connect(url)
     try:
-        async with conn.transaction(readonly=True):
-            # jit off: see the statement.
-            await conn.execute("SET LOCAL jit = off")
-            rows = await conn.fetch(render(schema).counts)
-        purges: dict[str, Any] = {}
-        if await conn.fetchval(purge_sql.HAS_RUN_TABLE, purge_sql.run_table(schema)):
-            purges = {r["queue"]: r for r in await conn.fetch(purge_sql.last_runs(schema))}
+        return await report_on(conn, schema)
     finally:
         await conn.close()
-    report = []
-    for row in rows:
-        counts = json.loads(row["counts"])
-        oldest = row["oldest_waiting_seconds"]
-        report.append(
-            {
-                "name": row["name"],
-                "counts": {state: int(counts.get(state, 0)) for state in STATES},
-                "oldest_waiting_seconds": float(oldest) if oldest is not None else None,
-                "paused": bool(row["paused"]),
-                "policy": row["policy"],
-                "dead_letter": row["dead_letter"],
-                "cron": row["cron"],
-                "last_run": row["last_run"].isoformat() if row["last_run"] else None,
-                "last_purge": _last_purge(purges.get(row["name"])),
-            }
-        )
-    return report
-
-
-def _last_purge(row: Any) -> dict[str, Any] | None:
-    if row is None:
-        return None
-    return {
-        "started_at": row["started_at"].isoformat(),
-        "finished_at": row["finished_at"].isoformat(),
-        "deleted": int(row["deleted"]),
-        "drained": bool(row["drained"]),
-    }
 
 
 async def queues_command(settings: Settings, args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ log = structlog.get_logger("worker.db")
 MIGRATE = "migrate"
 INSTALL = "install"
 MAINTENANCE = "maintenance"
+THROUGHPUT = "throughput"
 
 _KEY_SQL = "hashtextextended('chassis-worker:' || $1::text || ':' || $2::text, 0)"
 

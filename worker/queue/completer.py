@@ -36,9 +36,15 @@ class Completer:
     """
 
     def __init__(
-        self, store: JobStore, holdings: Holdings, availability: Availability | None = None
+        self,
+        store: JobStore,
+        holdings: Holdings,
+        availability: Availability | None = None,
+        on_finished: Callable[[], None] | None = None,
     ) -> None:
         self._availability = availability
+        #: Told whenever jobs completed or failed for good here (the throughput tally).
+        self._on_finished = on_finished
         self._store = store
         self._holdings = holdings
         self._done: list[ClaimedJob] = []
@@ -276,6 +282,8 @@ class Completer:
         for queue, n in matched.items():
             if n:
                 JOBS_COMPLETED.labels(queue).inc(n)
+        if self._on_finished is not None and len(lost) < len(jobs):
+            self._on_finished()
         self._holdings.remove(len(jobs))
         self._release(per_queue)
 
@@ -300,6 +308,8 @@ class Completer:
             )
         for queue, n in per_queue.items():
             JOBS_FAILED.labels(queue).inc(n)
+        if self._on_finished is not None and "failed" in states.values():
+            self._on_finished()
         self._holdings.remove(len(failures))
         self._release(Counter(job.queue for job, _ in failures))
 

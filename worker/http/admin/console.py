@@ -33,7 +33,7 @@ from ..guard import HttpError
 from .api import parse_filter
 from .chart import throughput_svg
 from .csrf import Csrf
-from .views import queues_document, throughput
+from .views import queue_names, queues_document, throughput
 
 log = structlog.get_logger("worker.console")
 
@@ -172,7 +172,7 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
                 limit=50,
                 after=params.get("after") or None,
             )
-            names = [q["name"] for q in await queues_document(sender.pool, sender.schema)]
+            names = await queue_names(sender.pool, sender.schema)
             next_url = "/console/jobs?" + urlencode(
                 {k: v for k, v in {**f, "after": listing.next}.items() if v}
             )
