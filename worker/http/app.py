@@ -9,10 +9,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from ..state import ServiceState
-from .admin.api import admin_api_routes
-from .admin.auth import Tokens
-from .admin.console import console_routes
-from .admin.gate import AdminGate
 from .guard import ClientGone
 from .health import health_routes
 from .ingest import ingest_routes
@@ -23,6 +19,12 @@ def create_app(state: ServiceState) -> Starlette:
     ingest (else 404)."""
     routes: list[BaseRoute] = [*health_routes(state)]
     if state.settings.serves_ingest:
+        # Imported here: a worker process serves no console, and need not load Jinja2.
+        from .admin.api import admin_api_routes
+        from .admin.auth import Tokens
+        from .admin.console import console_routes
+        from .admin.gate import AdminGate
+
         tokens = Tokens(state.settings.admin_token, state.settings.console_view_token)
         # /v1/admin first: it is not behind the ingest token, and Mount("/v1") would match it.
         routes.append(
