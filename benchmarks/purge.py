@@ -75,7 +75,12 @@ async def measure(old_rows: int = OLD_ROWS, young_rows: int = YOUNG_ROWS) -> Pur
         try:
             began = time.perf_counter()
             run = await run_purge(
-                HandlerPool(pool, 1), "jobs", AUDIT_PURGE_QUEUE, None, audit_body(RETENTION_DAYS)
+                HandlerPool(pool, 1),
+                "jobs",
+                AUDIT_PURGE_QUEUE,
+                None,
+                audit_body(RETENTION_DAYS),
+                session_url=url,
             )
             total = time.perf_counter() - began
             kept = await pool.fetchval("SELECT count(*) FROM public.audit_log")

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
+import time
 from collections.abc import Iterator
 
+import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from api_sender import create_pool
-from tests.support.postgres import create_database, drop_database, with_database
-from tests.support.processes import Daemon, run_cli, start_daemon
+from tests.support.postgres import installed_database
+from tests.support.processes import Daemon, start_daemon
 from tests.support.queues import make_queue
 from tests.usage.conftest import fetch
 
@@ -26,22 +27,12 @@ INGEST = "ingest-token-for-tests"
 @pytest.fixture(scope="module")
 def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
     """An installed database with a queue ``reports``."""
-    name = asyncio.run(create_database(admin_url, template_name))
-    url = with_database(admin_url, name)
-    assert run_cli(url, "migrate").returncode == 0
 
-    async def queues() -> None:
-        pool = await create_pool(url, max_size=1)
-        try:
-            await make_queue(pool, "reports", retry_limit=0)
-        finally:
-            await pool.close()
+    async def queues(pool: asyncpg.Pool) -> None:
+        await make_queue(pool, "reports", retry_limit=0)
 
-    asyncio.run(queues())
-    try:
+    with installed_database(admin_url, template_name, queues) as url:
         yield url
-    finally:
-        asyncio.run(drop_database(admin_url, name))
 
 
 def _api(shared_db: str, tmp: pytest.TempPathFactory, name: str, **env: str) -> Iterator[Daemon]:
@@ -92,6 +83,28 @@ def failed_job(url: str, data: dict[str, object] | None = None) -> int:
         json.dumps(data or {"secret": "personal data"}),
     )[0]["id"]
     return job_id
+
+
+def paused_gauge(daemon: Daemon, expected: float) -> float | None:
+    """``queue_paused{queue="reports"}``, polled until it reads ``expected`` (the gauges are
+    recounted at most every 5 s per process) or 15 s passed."""
+    deadline = time.monotonic() + 15
+    value = None
+    while time.monotonic() < deadline:
+        text = httpx.get(daemon.url("/metrics")).text
+        value = next(
+            (
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "queue_paused" and sample.labels == {"queue": "reports"}
+            ),
+            None,
+        )
+        if value == expected:
+            break
+        time.sleep(0.5)
+    return value
 
 
 def state_of(url: str, job_id: int) -> str:
@@ -216,12 +229,15 @@ def test_bad_action_bodies_are_400_naming_the_problem(
 
 
 def test_queue_actions_over_http(api: Daemon, shared_db: str) -> None:
-    """pause and resume flip the flag shown in /v1/admin/queues; an unknown queue is 404."""
+    """pause and resume flip the flag shown in /v1/admin/queues and the queue_paused gauge;
+    an unknown queue is 404."""
     paused = httpx.post(api.url("/v1/admin/queues/reports/pause"), headers=bearer(ADMIN))
     assert paused.json() == {"queue": "reports", "paused": True, "changed": True}
     queues = httpx.get(api.url("/v1/admin/queues"), headers=bearer(ADMIN)).json()["queues"]
     assert next(q for q in queues if q["name"] == "reports")["paused"] is True
+    assert paused_gauge(api, 1.0) == 1.0
     httpx.post(api.url("/v1/admin/queues/reports/resume"), headers=bearer(ADMIN))
+    assert paused_gauge(api, 0.0) == 0.0
     assert (
         httpx.post(api.url("/v1/admin/queues/nope/pause"), headers=bearer(ADMIN)).status_code == 404
     )

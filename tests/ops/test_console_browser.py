@@ -5,7 +5,6 @@ Screenshots of every step land in ``artifacts/console/`` (kept by CI as test art
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -14,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
-from api_sender import create_pool
-from tests.support.postgres import create_database, drop_database, with_database
-from tests.support.processes import ROOT, Daemon, run_cli, start_daemon
+from tests.support.postgres import installed_database
+from tests.support.processes import ROOT, Daemon, start_daemon
 from tests.support.queues import make_queue
 from tests.usage.conftest import fetch as _fetch
 
@@ -68,45 +67,35 @@ def _browser_or_skip() -> Any:
 @pytest.fixture(scope="module")
 def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
     """An installed database with queue ``reports`` holding failed jobs and a hostile job."""
-    name = asyncio.run(create_database(admin_url, template_name))
-    url = with_database(admin_url, name)
-    assert run_cli(url, "migrate").returncode == 0
 
-    async def prepare() -> None:
-        pool = await create_pool(url, max_size=1)
-        try:
-            await make_queue(pool, "reports", retry_limit=0)
-            await make_queue(pool, "emails")
-            await make_queue(pool, "billing-sync")
-            await make_queue(pool, "reindex")
-            # A lived-in hour for the overview (and the README's screenshot): emails finished
-            # steadily with a burst of failures, billing-sync has a backlog, reindex is paused.
-            await pool.execute(
-                "INSERT INTO jobs.job (queue, state, retry_limit, retry_delay, retry_backoff,"
-                " expire_seconds, created_at, started_at, completed_at, output)"
-                " SELECT 'emails', CASE WHEN g % 97 = 0"
-                " OR (g % 13 = 0 AND g / 60 BETWEEN 38 AND 41) THEN 'failed' ELSE 'completed'"
-                " END::jobs.job_state, 2, 0, false, 60, t, t, t,"
-                ' CASE WHEN g % 97 = 0 THEN \'{"error": "SMTPError: 421 try later"}\'::jsonb END'
-                " FROM generate_series(1, 3540) g,"
-                " LATERAL (SELECT now() - make_interval(secs => 3540 - g"
-                " + 20 * sin(g / 300.0))) s (t)"
-            )
-            await pool.execute(
-                "INSERT INTO jobs.job (queue, retry_limit, retry_delay, retry_backoff,"
-                " expire_seconds, created_at, start_after, data) SELECT 'billing-sync', 2, 0,"
-                " false, 60, now() - interval '4 minutes', now() - interval '4 minutes',"
-                " jsonb_build_object('account', g) FROM generate_series(1, 240) g"
-            )
-            await pool.execute("UPDATE jobs.queue SET paused = true WHERE name = 'reindex'")
-        finally:
-            await pool.close()
+    async def prepare(pool: asyncpg.Pool) -> None:
+        await make_queue(pool, "reports", retry_limit=0)
+        await make_queue(pool, "emails")
+        await make_queue(pool, "billing-sync")
+        await make_queue(pool, "reindex")
+        # A lived-in hour for the overview (and the README's screenshot): emails finished
+        # steadily with a burst of failures, billing-sync has a backlog, reindex is paused.
+        await pool.execute(
+            "INSERT INTO jobs.job (queue, state, retry_limit, retry_delay, retry_backoff,"
+            " expire_seconds, created_at, started_at, completed_at, output)"
+            " SELECT 'emails', CASE WHEN g % 97 = 0"
+            " OR (g % 13 = 0 AND g / 60 BETWEEN 38 AND 41) THEN 'failed' ELSE 'completed'"
+            " END::jobs.job_state, 2, 0, false, 60, t, t, t,"
+            ' CASE WHEN g % 97 = 0 THEN \'{"error": "SMTPError: 421 try later"}\'::jsonb END'
+            " FROM generate_series(1, 3540) g,"
+            " LATERAL (SELECT now() - make_interval(secs => 3540 - g"
+            " + 20 * sin(g / 300.0))) s (t)"
+        )
+        await pool.execute(
+            "INSERT INTO jobs.job (queue, retry_limit, retry_delay, retry_backoff,"
+            " expire_seconds, created_at, start_after, data) SELECT 'billing-sync', 2, 0,"
+            " false, 60, now() - interval '4 minutes', now() - interval '4 minutes',"
+            " jsonb_build_object('account', g) FROM generate_series(1, 240) g"
+        )
+        await pool.execute("UPDATE jobs.queue SET paused = true WHERE name = 'reindex'")
 
-    asyncio.run(prepare())
-    try:
+    with installed_database(admin_url, template_name, prepare) as url:
         yield url
-    finally:
-        asyncio.run(drop_database(admin_url, name))
 
 
 def insert_job(url: str, queue: str, state: str, data: Any, error: str | None = None) -> int:

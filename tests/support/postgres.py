@@ -7,6 +7,8 @@ import hashlib
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -112,3 +114,34 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@contextmanager
+def installed_database(
+    admin_url: str,
+    template: str,
+    prepare: Callable[[asyncpg.Pool], Awaitable[None]] | None = None,
+) -> Iterator[str]:
+    """A database for a whole test module, installed by the real ``chassis-worker migrate``,
+    then ``prepare`` (queues, rows) run on a pool of its own; dropped at the end. For sync
+    fixtures (module scope): each step runs its own event loop."""
+    from tests.support.processes import run_cli
+
+    name = asyncio.run(create_database(admin_url, template))
+    url = with_database(admin_url, name)
+    try:
+        done = run_cli(url, "migrate")
+        assert done.returncode == 0, done.stderr
+        if prepare is not None:
+
+            async def run_prepare() -> None:
+                pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
+                try:
+                    await prepare(pool)
+                finally:
+                    await pool.close()
+
+            asyncio.run(run_prepare())
+        yield url
+    finally:
+        asyncio.run(drop_database(admin_url, name))

@@ -3,7 +3,6 @@ and timers."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -13,10 +12,10 @@ import asyncpg
 import httpx
 import pytest
 
-from api_sender import create_pool, new_ulid
+from api_sender import new_ulid
 from tests.support.dbproxy import DatabaseProxy
-from tests.support.postgres import create_database, drop_database, with_database
-from tests.support.processes import Daemon, free_port, run_cli, start_daemon
+from tests.support.postgres import installed_database
+from tests.support.processes import Daemon, free_port, start_daemon
 from tests.support.queues import make_queue
 from tests.usage.conftest import FAST_USAGE, TOKEN, fetch, ingest, wait_until
 
@@ -26,23 +25,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("usage-ingest")]
 @pytest.fixture(scope="module")
 def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
     """One installed database for this module, with a tool queue and a short-policy queue."""
-    name = asyncio.run(create_database(admin_url, template_name))
-    url = with_database(admin_url, name)
-    assert run_cli(url, "migrate").returncode == 0
 
-    async def queues() -> None:
-        pool = await create_pool(url, max_size=1)
-        try:
-            await make_queue(pool, "reports")
-            await make_queue(pool, "once", policy="short")
-        finally:
-            await pool.close()
+    async def queues(pool: asyncpg.Pool) -> None:
+        await make_queue(pool, "reports")
+        await make_queue(pool, "once", policy="short")
 
-    asyncio.run(queues())
-    try:
+    with installed_database(admin_url, template_name, queues) as url:
         yield url
-    finally:
-        asyncio.run(drop_database(admin_url, name))
 
 
 @pytest.fixture(scope="module")
