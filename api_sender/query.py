@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._schema import cancel_channel, notify_channel, quoted
+from .schema import cancel_channel, notify_channel, quoted
 
 #: ``:name`` marks a parameter; ``::type`` (a cast) and ``'HH24:MI'`` (upper case) do not.
 _PARAMETER = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)\b")

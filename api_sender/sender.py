@@ -8,12 +8,12 @@ from typing import Any, Self, TypeAlias
 
 import asyncpg
 
-from ._schema import check_schema_name
 from .errors import InvalidJob, QueueNotFound
 from .jobs import JobsApi
 from .options import SendOptions, StartAfter, check_text, encode_all, encode_data
 from .pool import create_pool
 from .queues import QueuesApi
+from .schema import check_schema_name
 from .sql import SenderStatements, render
 from .timers import Timers
 from .usage import UsageRetry, UsageSink

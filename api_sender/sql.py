@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._schema import notify_channel, quoted
+from .schema import notify_channel, quoted
 
 # Shared by send and send_many: the job takes the queue's retry policy unless the caller overrides
 # it, and its policy is copied so the singleton indexes need no join. ON CONFLICT DO NOTHING (no

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
 from .errors import InvalidJob, QueueNotFound
 from .options import check_text, encode_data, split_start_after
-
-if TYPE_CHECKING:
-    from .sender import Sender
+from .producer import Producer
 
 
 class Timers:
     """``sender.timers``: schedule and cancel one-off timers on a declared queue."""
 
-    def __init__(self, sender: Sender) -> None:
+    def __init__(self, sender: Producer) -> None:
         self._sender = sender
 
     async def schedule(

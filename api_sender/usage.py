@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import asyncpg
@@ -17,9 +17,7 @@ from prometheus_client import Counter
 
 from .events import UsageEvent
 from .options import SendOptions, StartAfter
-
-if TYPE_CHECKING:
-    from .sender import Sender
+from .producer import Producer
 
 #: The queue usage events wait in until the hub has them.
 USAGE_QUEUE = "usage-events"
@@ -67,7 +65,7 @@ class UsageSink:
     """``sender.usage``: emit usage events durably without ever failing the caller."""
 
     def __init__(
-        self, sender: Sender, *, retry: UsageRetry | None = None, emit_timeout: float = 10.0
+        self, sender: Producer, *, retry: UsageRetry | None = None, emit_timeout: float = 10.0
     ) -> None:
         self._sender = sender
         self.retry = retry or UsageRetry()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -12,6 +11,7 @@ import anyio
 import structlog
 
 from .commands.failures import describe_failure, innermost
+from .commands.output import UsageError
 from .logging import configure_logging
 from .settings import ConfigError, Settings, load_settings
 
@@ -23,10 +23,6 @@ EXIT_CONFIG = 2
 
 #: How long `migrate` waits for a database that is not up yet (a server still starting).
 MIGRATE_WAIT_SECONDS = 60.0
-
-
-class UsageError(Exception):
-    """A bad command-line argument (exit 2, one line)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,8 +121,3 @@ def _command(args: argparse.Namespace) -> Command:
         "jobs": jobs.jobs_command,
     }
     return commands[args.command]
-
-
-def print_json(value: Any) -> None:
-    """Print ``value`` as one JSON document."""
-    print(json.dumps(value, indent=2, default=str))

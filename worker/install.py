@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 import asyncpg
 import structlog
 
-from api_sender._schema import schedules_channel as schedules_channel  # re-exported
+from api_sender.schema import schedules_channel as schedules_channel  # re-exported
 
 from .db.connections import connect_with_retry
 from .db.locks import INSTALL, session_lock

@@ -10,7 +10,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from api_sender import Sender
-from api_sender._schema import cancel_channel
+from api_sender.schema import cancel_channel
 
 from .db.bounded import HandlerPool
 from .install import schedules_channel

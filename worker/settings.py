@@ -10,8 +10,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api_sender import UsageRetry
-from api_sender._schema import check_schema_name
 from api_sender.options import MAX_START_AFTER_SECONDS
+from api_sender.schema import check_schema_name
 
 from .db.urls import check_database_url
 

@@ -21,6 +21,7 @@ from ..boot import database_url
 from ..jobs.usage.operator import EVERYTHING, HeldRow, HeldStore, Selection
 from ..settings import Settings
 from .failures import reaching
+from .output import UsageError, print_json
 
 log = structlog.get_logger("worker.held")
 
@@ -52,8 +53,6 @@ def operator_name() -> str:
 
 async def held_command(settings: Settings, args: argparse.Namespace) -> int:
     """Dispatch the held subcommands; 0 done, 1 some named id was not held, 2 bad arguments."""
-    from ..cli import UsageError, print_json
-
     selection = _selection(args, UsageError)
     url = await database_url(settings)
     async with reaching(url):

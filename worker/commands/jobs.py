@@ -20,6 +20,7 @@ from api_sender.jobs import ACTION_STATES, STATES, Action, ids_of
 from ..boot import database_url
 from ..settings import Settings
 from .held import operator_name
+from .output import UsageError, print_json
 
 ACTIONS: tuple[Action, ...] = tuple(ACTION_STATES)
 PAST = {"retry": "retried", "cancel": "cancelled", "resume": "resumed", "delete": "deleted"}
@@ -68,8 +69,6 @@ def add_queue_actions(queues: argparse.ArgumentParser) -> None:
 
 async def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
     """Dispatch ``jobs ...``; 0 done, 1 a named job does not exist, 2 bad arguments."""
-    from ..cli import UsageError, print_json
-
     action = args.jobs_action
     target = _target(args, UsageError) if action in ACTIONS else None
     url = await database_url(settings)

@@ -19,6 +19,7 @@ from ..jobs.tools import load_declarations
 from ..queue_report import queue_report as report_on
 from ..settings import Settings
 from .failures import reaching
+from .output import UsageError, print_json
 from .sending import prepare_send
 
 
@@ -38,8 +39,6 @@ async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     A database that is not up yet is waited for, ``--wait`` seconds at most (a server still
     starting next to a one-shot migrate), then reported as unreachable (exit 1).
     """
-    from ..cli import UsageError
-
     if not 0 <= args.wait <= 86_400:
         raise UsageError("invalid --wait: give 0 to 86400 seconds")
     tools = load_declarations(settings.tool_job_paths)
@@ -70,8 +69,6 @@ async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
 
 async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
     """``chassis-worker queues [--json]``."""
-    from ..cli import print_json
-
     report = await queue_report(await database_url(settings), settings.jobs_schema)
     if args.json:
         print_json({"queues": report})
@@ -110,8 +107,6 @@ async def send_command(settings: Settings, args: argparse.Namespace) -> int:
     The data must be what a handler takes (a JSON object, or null); a send to usage-events must
     be a usage event the ingest would accept, and is sent as the ingest sends it.
     """
-    from ..cli import UsageError
-
     data, options = prepare_send(
         args.queue, args.data, args.start_after, args.key, settings.usage_retry, UsageError
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import structlog
 
-from api_sender._schema import quoted
+from api_sender.schema import quoted
 
 from .locks import MIGRATE, session_lock
 

@@ -14,7 +14,7 @@ import anyio
 import asyncpg
 import structlog
 
-from api_sender._schema import notify_channel
+from api_sender.schema import notify_channel
 
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay, connect
 from ..metrics import DB_RECONNECTS

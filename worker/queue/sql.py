@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from api_sender._schema import notify_channel, quoted
+from api_sender.schema import notify_channel, quoted
 
 _JOB_COLUMNS = """j.id, j.data::text AS data, j.attempt, j.retry_count, j.retry_limit,
     j.singleton_key, j.expire_seconds, j.priority, j.start_after, j.started_at"""

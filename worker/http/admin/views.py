@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from api_sender._schema import quoted
+from api_sender.schema import quoted
 
 from ...queue.throughput import LAST_HOUR, tally
 from ...queue_report import queue_report

@@ -7,7 +7,7 @@ every row against the same instant.
 
 from __future__ import annotations
 
-from api_sender._schema import quoted
+from api_sender.schema import quoted
 
 READ_CLOCK = """
 -- the run's one clock: read once, passed to every later statement of the run.

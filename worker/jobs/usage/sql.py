@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api_sender._schema import notify_channel, quoted
+from api_sender.schema import notify_channel, quoted
 
 _HELD = """(
     (j.queue = $1 AND j.state = 'created' AND j.start_after > now())
