@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
+
 from .errors import InvalidJob
 from .storable import find_unstorable, instant_problem, json_text_is_storable, text_problem
 
@@ -24,14 +26,27 @@ StartAfter = float | int | datetime | None
 #: inside PostgreSQL's interval and timestamptz ranges; anything longer is a unit mistake.
 MAX_START_AFTER_SECONDS = 3_155_760_000
 
+
+def _model_dump(value: Any) -> Any:
+    """A pydantic model (anywhere in a payload) is sent as ``model_dump(mode="json")``."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 #: One encoder for every payload: ``send_many`` encodes thousands. Non-ASCII text is kept as is
-#: (not escaped), so a lone surrogate stays visible to the one check on the encoded text.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+#: (not escaped), so a lone surrogate stays visible to the one check on the encoded text. Only
+#: what JSON has no form for reaches ``default``, so plain payloads pay nothing for models.
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_model_dump
+)
 
 
 def encode_data(data: Any, field: str = "data") -> str:
     """Encode a job payload as JSON text; :class:`InvalidJob` naming the path (``data.a.0``)
-    for anything jsonb cannot hold: NaN, infinities, sets, NUL, lone surrogates, deep nesting."""
+    for anything jsonb cannot hold: NaN, infinities, sets, NUL, lone surrogates, deep nesting.
+    A pydantic model, the payload or a part of it, is encoded as its
+    ``model_dump(mode="json")`` and checked as that."""
     try:
         text = _ENCODER.encode(data)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -64,7 +79,7 @@ def _unencodable(data: Any, field: str, exc: Exception | None) -> InvalidJob:
         return InvalidJob(f"{field} is nested too deeply to encode as JSON", field)
     if isinstance(exc, ValueError) and "Circular reference" in str(exc):
         return InvalidJob(f"{field} contains itself (a circular reference)", field)
-    found = find_unstorable(data, field)
+    found = find_unstorable(data, field, models=True)
     if found is not None:
         path, problem = found
         return InvalidJob(f"{path} {problem}", path)

@@ -104,9 +104,11 @@ class Sender:
     ) -> int | None:
         """Enqueue one job and return its id.
 
-        Returns ``None`` when the queue's policy refuses a second job for ``singleton_key``
-        (``short``/``stately`` queues). With ``connection=``, the job exists if and only if the
-        caller's transaction commits. Raises :class:`QueueNotFound` for an unknown queue.
+        ``data`` is anything JSON can carry; a pydantic model is sent as
+        ``model.model_dump(mode="json")``. Returns ``None`` when the queue's policy refuses a
+        second job for ``singleton_key`` (``short``/``stately`` queues). With ``connection=``,
+        the job exists if and only if the caller's transaction commits. Raises
+        :class:`QueueNotFound` for an unknown queue.
         """
         options = SendOptions(
             start_after=start_after,
@@ -158,7 +160,8 @@ class Sender:
         Every job shares the options given; ``singleton_keys`` (one entry per item, ``None``
         for "the shared ``singleton_key``") gives each job its own key. The statement is atomic:
         every job is stored or none. On ``short``/``stately`` queues a refused key is left out
-        of the returned ids.
+        of the returned ids. An item may be a pydantic model, sent as its
+        ``model_dump(mode="json")``.
         """
         options = SendOptions(
             start_after=start_after,

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel
+
 #: A lone UTF-16 surrogate: a str can hold one (e.g. from JSON ``"\ud800"``), UTF-8 cannot.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: ``\u0000`` as a JSON escape: preceded by an even run of backslashes (each pair an escaped
@@ -82,11 +84,13 @@ def join(path: _Path) -> str:
 
 
 def find_unstorable(
-    value: Any, root: str, *, max_depth: int = WALK_DEPTH
+    value: Any, root: str, *, max_depth: int = WALK_DEPTH, models: bool = False
 ) -> tuple[str, str] | None:
     """The first (field path, problem) that keeps ``value`` from being stored as jsonb: a
     NUL or lone surrogate in a string or key, a non-finite float, a non-JSON type, nesting past
-    ``max_depth``. ``None`` when every part is storable. Iterative: no recursion limit."""
+    ``max_depth``. ``None`` when every part is storable. Iterative: no recursion limit. With
+    ``models``, a pydantic model is walked as its ``model_dump(mode="json")`` (as a payload is
+    sent); without, it is not a JSON value."""
     stack: list[tuple[Any, _Path, int]] = [(value, (None, root), 0)]
     while stack:
         item, path, depth = stack.pop()
@@ -119,6 +123,13 @@ def find_unstorable(
             stack.extend(
                 (child, (path, n), depth + 1) for n, child in reversed(list(enumerate(item)))
             )
+        elif models and isinstance(item, BaseModel):
+            # A model is sent as its JSON dump: walk that, at the model's own path.
+            try:
+                dumped = item.model_dump(mode="json")
+            except Exception as exc:
+                return join(path), f"cannot be dumped as JSON ({type(exc).__name__})"
+            stack.append((dumped, path, depth))
         else:
             return join(path), f"is not a JSON value (type {type(item).__name__})"
     return None

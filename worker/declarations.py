@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import BaseModel, PydanticUndefinedAnnotation, PydanticUserError
+
 from .settings import cron_fields
 
 Policy = Literal["standard", "short", "singleton", "stately"]
@@ -40,7 +42,8 @@ class JobInfo:
     retry_count: int = 0
 
 
-#: A handler: called once per job with that job's data (``None`` for a cron run) and its info.
+#: A handler: called once per job with that job's data (``None`` for a cron run; an instance of
+#: the declaration's ``payload`` model when it has one) and its info.
 Handler = Callable[[Any, JobInfo], Awaitable[object]]
 
 
@@ -84,6 +87,14 @@ class JobDeclaration:
 
     ``batch_size`` is how many jobs one fetch claims, ``concurrency`` how many handlers of this
     queue run at once in one process. A handler that raises fails that job only.
+
+    ``payload``, a pydantic model, types the data: the handler receives a ``payload`` instance,
+    validated in JSON mode (``send(queue, model)`` writes ``model.model_dump(mode="json")``; a
+    model with aliases must also accept its field names to read that back). A job without data,
+    every cron run among them, still hands the handler ``None``. Data that does not validate can
+    never succeed: the job fails at once, with no retry, to its dead letter, logged
+    ``job.payload_invalid``; its error names each failing location and what was wrong, never
+    the data (the console shows errors where it hides data).
     """
 
     queue: str
@@ -92,6 +103,7 @@ class JobDeclaration:
     batch_size: int = 1
     concurrency: int = 1
     options: QueueOptions = field(default_factory=QueueOptions)
+    payload: type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str) or not self.queue:
@@ -102,3 +114,23 @@ class JobDeclaration:
             raise ValueError(f"JobDeclaration({self.queue!r}).batch_size must be 1..1000")
         if not 1 <= self.concurrency <= 1000:
             raise ValueError(f"JobDeclaration({self.queue!r}).concurrency must be 1..1000")
+        if self.payload is not None:
+            _check_payload(self.queue, self.payload)
+
+
+def _check_payload(queue: str, payload: object) -> None:
+    """A payload is a pydantic model class whose schema is complete (every forward reference
+    resolved), so no job ever fails for the declaration's sake."""
+    if not (isinstance(payload, type) and issubclass(payload, BaseModel)):
+        raise ValueError(
+            f"JobDeclaration({queue!r}).payload must be a pydantic model class (a BaseModel "
+            f"subclass), not {payload!r}"
+        )
+    if not payload.__pydantic_complete__:
+        try:
+            payload.model_rebuild(raise_errors=True)
+        except (PydanticUndefinedAnnotation, PydanticUserError) as exc:
+            raise ValueError(
+                f"JobDeclaration({queue!r}).payload {payload.__name__} is not fully defined: "
+                f"{exc.message}"
+            ) from None

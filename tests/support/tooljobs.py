@@ -12,9 +12,11 @@ import gc
 import os
 import time
 import uuid
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 import asyncpg
+from pydantic import BaseModel, ConfigDict
 
 from worker import JobDeclaration, JobInfo, QueueOptions, Schedule
 
@@ -104,6 +106,35 @@ CRON = [
 
 #: A timer queue (no schedule).
 TIMERS = [JobDeclaration(queue="tool-timer", handler=record)]
+
+
+class Invoice(BaseModel):
+    """The typed queue's payload: a number, an instant and a choice (each validated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    number: int
+    issued_at: datetime
+    currency: Literal["EUR", "USD"]
+
+
+async def record_typed(data: Any, job: JobInfo) -> None:
+    """Write 'got <the type of data>' with its JSON dump, then 'done'."""
+    dump = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+    await _write(f"got {type(data).__name__}", dump, job)
+    await _write("done", dump, job)
+
+
+#: A typed queue (payload Invoice, five retries) and its dead letter, declared first.
+TYPED = [
+    JobDeclaration(queue="tool-typed-dead", handler=record),
+    JobDeclaration(
+        queue="tool-typed",
+        handler=record_typed,
+        payload=Invoice,
+        options=QueueOptions(retry_limit=5, dead_letter="tool-typed-dead"),
+    ),
+]
 
 
 # --- The fault drills (tests/drills) -------------------------------------------------------------

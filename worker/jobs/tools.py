@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import importlib
 
+import structlog
+from pydantic import BaseModel, ValidationError
+
 from ..declarations import ONE_QUEUED_PER_KEY, JobDeclaration, Policy, dead_letter_refusal
-from ..queue.jobs import ClaimedJob
+from ..queue.jobs import ClaimedJob, FinalFailure
 from ..queue.poller import Consumer
 from ..settings import ConfigError
 from .chassis import CHASSIS_QUEUES
+from .payload import describe, validate
 from .spec import InstalledJob, JobContext
+
+log = structlog.get_logger("worker.jobs")
 
 
 def load_declarations(paths: list[str]) -> list[JobDeclaration]:
@@ -88,10 +94,12 @@ def tool_job(declaration: JobDeclaration) -> InstalledJob:
     """The install entry and consumer of one declaration."""
     schedule = declaration.schedule
     cron = schedule.cron if schedule is not None and schedule.enabled else None
+    model = declaration.payload
 
     def make_consumer(_: JobContext) -> Consumer:
         async def run_job(job: ClaimedJob) -> object:
-            return await declaration.handler(job.data, job.info())
+            data = job.data if model is None else typed_data(model, job)
+            return await declaration.handler(data, job.info())
 
         return Consumer(
             queue=declaration.queue,
@@ -102,3 +110,24 @@ def tool_job(declaration: JobDeclaration) -> InstalledJob:
         )
 
     return InstalledJob(declaration.queue, declaration.options, cron, make_consumer)
+
+
+def typed_data(model: type[BaseModel], job: ClaimedJob) -> BaseModel | None:
+    """``job``'s data as a ``model`` (``None`` stays ``None``). Data that does not validate can
+    never succeed: logged ``job.payload_invalid`` and raised as :class:`FinalFailure`, which
+    fails the job at once to its dead letter, the error told without the data."""
+    try:
+        return validate(model, job.raw_data)
+    except ValidationError as exc:
+        assert job.raw_data is not None
+        error = describe(exc, model, job.raw_data)
+    log.warning(
+        "job.payload_invalid",
+        job_id=job.id,
+        queue=job.queue,
+        attempt=job.attempt,
+        model=model.__name__,
+        error=error[:500],
+    )
+    # Not chained: the ValidationError quotes the input.
+    raise FinalFailure(error)

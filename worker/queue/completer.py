@@ -48,7 +48,8 @@ class Completer:
         self._store = store
         self._holdings = holdings
         self._done: list[ClaimedJob] = []
-        self._failed: list[tuple[ClaimedJob, str]] = []
+        #: Failed attempts: the job, its error text, and whether it fails for good (final).
+        self._failed: list[tuple[ClaimedJob, str, bool]] = []
         self._back: list[ClaimedJob] = []
         self._pending = anyio.Event()
         # Held while a flush runs, so a drain at shutdown waits for the one in progress.
@@ -102,10 +103,11 @@ class Completer:
         self._untaken.clear()
         return done
 
-    def failed(self, job: ClaimedJob, error: str) -> None:
-        """Record a failed attempt of ``job``."""
+    def failed(self, job: ClaimedJob, error: str, *, final: bool = False) -> None:
+        """Record a failed attempt of ``job``; ``final``: it fails for good, whatever retries it
+        has left (its data can never succeed), to its dead letter."""
         # Made storable here, so the log line and the stored error say the same.
-        self._failed.append((job, storable_text(error)))
+        self._failed.append((job, storable_text(error), final))
         self._signal()
 
     def handed_back(self, job: ClaimedJob) -> None:
@@ -244,8 +246,10 @@ class Completer:
     async def _write_done(self, jobs: list[ClaimedJob]) -> None:
         self._settle_completed(jobs, await self._store.complete_lost(jobs))
 
-    async def _write_failed(self, failures: list[tuple[ClaimedJob, str]]) -> None:
-        self._settle_failed(failures, await self._store.fail(failures))
+    async def _write_failed(self, failures: list[tuple[ClaimedJob, str, bool]]) -> None:
+        final = {job.id for job, _, is_final in failures if is_final}
+        pairs = [(job, error) for job, error, _ in failures]
+        self._settle_failed(failures, await self._store.fail(pairs, final=final))
 
     async def _write_back(self, jobs: list[ClaimedJob]) -> None:
         self._settle_back(jobs, await self._store.hand_back(jobs))
@@ -288,11 +292,11 @@ class Completer:
         self._release(per_queue)
 
     def _settle_failed(
-        self, failures: list[tuple[ClaimedJob, str]], outcomes: list[FailOutcome]
+        self, failures: list[tuple[ClaimedJob, str, bool]], outcomes: list[FailOutcome]
     ) -> None:
         states = {o.id: o.state for o in outcomes}
         per_queue: Counter[str] = Counter()
-        for job, error in failures:
+        for job, error, final in failures:
             state = states.get(job.id)
             if state is None:
                 self._lease_lost(job, "fail")
@@ -305,13 +309,14 @@ class Completer:
                 attempt=job.attempt,
                 next_state=state,
                 error=error[:500],
+                **({"final": True} if final else {}),
             )
         for queue, n in per_queue.items():
             JOBS_FAILED.labels(queue).inc(n)
         if self._on_finished is not None and "failed" in states.values():
             self._on_finished()
         self._holdings.remove(len(failures))
-        self._release(Counter(job.queue for job, _ in failures))
+        self._release(Counter(job.queue for job, _, _ in failures))
 
     def _settle_back(self, jobs: list[ClaimedJob], matched: set[int]) -> None:
         for job in jobs:
@@ -329,5 +334,5 @@ class Completer:
         self._signal()
 
 
-def _jobs_of_failures(failures: list[tuple[ClaimedJob, str]]) -> list[ClaimedJob]:
-    return [job for job, _ in failures]
+def _jobs_of_failures(failures: list[tuple[ClaimedJob, str, bool]]) -> list[ClaimedJob]:
+    return [job for job, _, _ in failures]

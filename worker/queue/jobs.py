@@ -1,4 +1,4 @@
-"""A claimed job as the consumer sees it."""
+"""A claimed job as the consumer sees it, and what its runner may raise to fail it for good."""
 
 from __future__ import annotations
 
@@ -63,3 +63,12 @@ class ClaimedJob:
             attempt=self.attempt,
             retry_count=self.retry_count,
         )
+
+
+class FinalFailure(Exception):
+    """Raised by a job runner when the job can never succeed (its payload does not validate):
+    the job fails at once, with no retry, to its dead letter; ``error`` is its error text."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error

@@ -15,7 +15,7 @@ from ..metrics import JOB_DURATION
 from .availability import Availability
 from .completer import Completer
 from .holdings import Holdings
-from .jobs import ClaimedJob
+from .jobs import ClaimedJob, FinalFailure
 from .store import JobStore
 from .waker import Waker
 
@@ -25,7 +25,7 @@ log = structlog.get_logger("worker.queue")
 #: than this (seconds): a burst of quick jobs shares one timer instead of re-arming it per job.
 DEADLINE_SLACK = 0.001
 
-#: Runs one job; raising fails that job.
+#: Runs one job; raising fails that job (raising :class:`FinalFailure` fails it for good).
 JobRunner = Callable[[ClaimedJob], Awaitable[object]]
 #: Runs a whole batch; raising fails every job of it, a returned mapping fails those job ids
 #: (with the given error text) and completes the rest.
@@ -333,6 +333,8 @@ class Poller:
         try:
             await run_job(job)
             self._completer.succeeded(job)
+        except FinalFailure as exc:
+            self._completer.failed(job, exc.error, final=True)
         except Exception as exc:
             # Expiry cancels the runner's scope (see _interrupted_work); a TimeoutError here is
             # the handler's own and is reported as such.

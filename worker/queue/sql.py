@@ -173,6 +173,8 @@ FAIL = """
 -- retry_delay (times 2^retry_count with backoff) in state retry; at the limit it is failed and a
 -- copy of its data goes to its queue's dead letter (read now, so a dead letter added later still
 -- covers older jobs). Queues with newly due work are notified.
+-- A failure marked final ($6, per row: data that can never succeed, such as a payload that does
+-- not validate) is at the limit whatever its retries left: failed at once, with its copy.
 -- Every exhausted job gets its copy: the copy has no key and is not a timer, so only the
 -- queued-per-key index job_policy_queued could refuse it, and only under a short or stately
 -- policy. The install refuses such a dead letter; should one exist anyway (set outside the
@@ -180,17 +182,20 @@ FAIL = """
 -- singleton). No ON CONFLICT clause: a copy is never dropped silently.
 -- The claim instant ($5, started_at) fences too: a claim lost and taken again is not failed.
 WITH f AS (
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::timestamptz[])
-        AS f(id, attempt, owner, error, started_at)
+    -- A missing flag (a shorter $6 pads with NULL) is an ordinary failure, never a final one.
+    SELECT id, attempt, owner, error, started_at, COALESCE(final, false) AS final
+    FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::timestamptz[], $6::bool[])
+        AS f(id, attempt, owner, error, started_at, final)
 ), upd AS (
     UPDATE {s}.job j
-    SET state = CASE WHEN j.retry_count < j.retry_limit
+    SET state = CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
                      THEN 'retry'::{s}.job_state ELSE 'failed'::{s}.job_state END,
-        start_after = CASE WHEN j.retry_count < j.retry_limit
+        start_after = CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
             THEN now() + make_interval(secs => j.retry_delay
                  * CASE WHEN j.retry_backoff THEN power(2, LEAST(j.retry_count, 24)) ELSE 1 END)
             ELSE j.start_after END,
-        completed_at = CASE WHEN j.retry_count < j.retry_limit THEN NULL ELSE now() END,
+        completed_at = CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
+                            THEN NULL ELSE now() END,
         retry_count = j.retry_count + 1,
         output = jsonb_build_object('error', f.error, 'attempt', f.attempt)
     FROM f

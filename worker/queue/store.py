@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -91,9 +91,18 @@ class JobStore:
         return set(lost)
 
     async def fail(
-        self, failures: Sequence[tuple[ClaimedJob, str]], *, owners: Sequence[UUID] | None = None
+        self,
+        failures: Sequence[tuple[ClaimedJob, str]],
+        *,
+        owners: Sequence[UUID] | None = None,
+        final: Collection[int] = (),
     ) -> list[FailOutcome]:
-        """Record failed attempts (retry, or failed plus dead-letter copy); return what matched."""
+        """Record failed attempts (retry, or failed plus dead-letter copy); return what matched.
+
+        The jobs whose ids are in ``final`` fail for good whatever retries they have left (data
+        that can never succeed): state failed and the dead-letter copy, exactly as an exhausted
+        job, in the same statement and behind the same fences as the others.
+        """
         if not failures:
             return []
         owner_list = list(owners) if owners is not None else [self.owner] * len(failures)
@@ -104,6 +113,7 @@ class JobStore:
             owner_list,
             [storable_text(error[:2000]) for _, error in failures],
             [job.started_at for job, _ in failures],
+            [job.id in final for job, _ in failures] if final else [False] * len(failures),
         )
         return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
 
