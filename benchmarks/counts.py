@@ -187,7 +187,7 @@ async def count_statement_seconds(url: str) -> float:
         async with conn.transaction(readonly=True):
             await conn.execute("SET LOCAL jit = off")
             started = time.perf_counter()
-            await conn.fetch(render_sql("jobs").counts)
+            await conn.fetch(render_sql("jobs").counts.text)
             return time.perf_counter() - started
     finally:
         await conn.close()

@@ -11,7 +11,9 @@ import structlog
 from anyio.abc import TaskGroup
 
 from api_sender import Sender
+from api_sender.query import Rendered
 
+from .db import statements as db
 from .db.connections import TRANSIENT_ERRORS, backoff_delay, check_pool_fits, open_pool
 from .db.embedded import start_embedded
 from .db.migrations import SchemaMismatch, latest_version
@@ -212,9 +214,9 @@ async def _serve_api(
     state.set_reason("stopping")
 
 
-async def _install_state(pool: asyncpg.Pool, query: str, expected: int) -> str | None:
+async def _install_state(pool: asyncpg.Pool, query: Rendered, expected: int) -> str | None:
     try:
-        row = await pool.fetchrow(query)
+        row = await db.fetchrow(pool, query)
     except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
         return "schema not installed"
     except asyncpg.InsufficientPrivilegeError:

@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup
 
 from api_sender.jobs import STATES
 
+from .db import statements as db
 from .metrics import QUEUE_JOBS, QUEUE_OLDEST_WAITING, QUEUE_PAUSED
 from .queue.sql import render
 
@@ -91,7 +92,7 @@ class QueueGauges:
                         " set_config('jit', 'off', true)",
                         str(int(self._timeout * 1000)),
                     )
-                    rows: list[asyncpg.Record] = await conn.fetch(self._sql)
+                    rows: list[asyncpg.Record] = await db.fetch(conn, self._sql)
                     return rows
         except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
             return None

@@ -14,6 +14,7 @@ import structlog
 
 from api_sender.schema import schedules_channel as schedules_channel  # re-exported
 
+from .db import statements as db
 from .db.connections import connect_with_retry
 from .db.locks import INSTALL, session_lock
 from .db.migrations import migrate
@@ -82,17 +83,18 @@ async def install_queues(
         for job in jobs:
             o = job.options
             try:
-                before = await conn.fetchrow(
+                before = await db.fetchrow(
+                    conn,
                     sql.upsert_queue,
-                    job.queue,
-                    o.policy,
-                    o.retry_limit,
-                    o.retry_delay,
-                    o.retry_backoff,
-                    o.expire_seconds,
-                    o.retention_seconds,
-                    o.failed_retention_seconds,
-                    o.dead_letter,
+                    name=job.queue,
+                    policy=o.policy,
+                    retry_limit=o.retry_limit,
+                    retry_delay=o.retry_delay,
+                    retry_backoff=o.retry_backoff,
+                    expire_seconds=o.expire_seconds,
+                    retention_seconds=o.retention_seconds,
+                    failed_retention_seconds=o.failed_retention_seconds,
+                    dead_letter=o.dead_letter,
                 )
             except asyncpg.ForeignKeyViolationError:
                 raise ConfigError(
@@ -102,18 +104,27 @@ async def install_queues(
             if before is not None and before["old_policy"] not in (None, o.policy):
                 await _apply_policy(conn, sql, job.queue, before["old_policy"], o.policy)
             if job.cron is not None:
-                touched = await conn.fetch(sql.upsert_schedule, job.queue, job.cron, cron_tz, None)
+                touched = await db.fetch(
+                    conn,
+                    sql.upsert_schedule,
+                    queue=job.queue,
+                    cron=job.cron,
+                    tz=cron_tz,
+                    data=None,
+                )
             else:
-                touched = await conn.fetch(sql.delete_schedule, job.queue)
+                touched = await db.fetch(conn, sql.delete_schedule, queue=job.queue)
             changed = changed or bool(touched)
-        conflicts = await conn.fetch(sql.dead_letter_conflicts, [job.queue for job in jobs])
+        conflicts = await db.fetch(
+            conn, sql.dead_letter_conflicts, queues=[job.queue for job in jobs]
+        )
         if conflicts:
             first = conflicts[0]
             more = f" ({len(conflicts) - 1} more such queues)" if len(conflicts) > 1 else ""
             raise ConfigError(
                 dead_letter_refusal(first["name"], first["dead_letter"], first["policy"], "") + more
             )
-        await conn.execute(sql.install_done, package_version())
+        await db.execute(conn, sql.install_done, version=package_version())
         if changed:
             await conn.execute("SELECT pg_notify($1, 'changed')", schedules_channel(schema))
 
@@ -126,7 +137,7 @@ async def _apply_policy(
     ``kept`` in the log line counts the jobs left as they were: several wait for one key,
     which the new policy (short, stately) would not allow; they run as they are.
     """
-    row = await conn.fetchrow(sql.apply_policy, queue, new)
+    row = await db.fetchrow(conn, sql.apply_policy, queue=queue, policy=new)
     assert row is not None
     log.info(
         "install.policy_changed",

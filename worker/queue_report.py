@@ -10,6 +10,7 @@ import asyncpg
 
 from api_sender.jobs import STATES
 
+from .db import statements as db
 from .jobs.purges import sql as purge_sql
 from .queue.sql import render
 
@@ -20,7 +21,7 @@ async def queue_report(conn: asyncpg.Connection, schema: str) -> list[dict[str, 
     async with conn.transaction(readonly=True):
         # jit off: see the statement.
         await conn.execute("SET LOCAL jit = off")
-        rows = await conn.fetch(render(schema).counts)
+        rows = await db.fetch(conn, render(schema).counts)
     purges: dict[str, Any] = {}
     if await conn.fetchval(purge_sql.HAS_RUN_TABLE, purge_sql.run_table(schema)):
         purges = {r["queue"]: r for r in await conn.fetch(purge_sql.last_runs(schema))}

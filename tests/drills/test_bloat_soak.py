@@ -41,11 +41,12 @@ async def candidate_scans(conn: asyncpg.Connection) -> list[dict[str, Any]]:
         if SCALE == "small":
             await conn.execute("SET LOCAL enable_seqscan = off")
             await conn.execute("SET LOCAL enable_bitmapscan = off")
+        claim = render("jobs").claim
         plan = await conn.fetchval(
-            "EXPLAIN (FORMAT JSON) " + render("jobs").claim,
-            QUEUE,
-            16,
-            "00000000-0000-0000-0000-000000000000",
+            "EXPLAIN (FORMAT JSON) " + claim.text,
+            *claim.args(
+                {"queue": QUEUE, "limit": 16, "owner": "00000000-0000-0000-0000-000000000000"}
+            ),
         )
     found: list[dict[str, Any]] = []
 

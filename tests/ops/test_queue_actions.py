@@ -9,6 +9,7 @@ import pytest
 
 from api_sender import QueueNotFound, Sender
 from tests.support.queues import make_queue
+from worker.db import statements as db
 from worker.queue.sql import render
 from worker.queue.store import JobStore
 
@@ -30,7 +31,9 @@ async def test_a_paused_queue_accepts_sends_and_starts_nothing(
     await sender.send("solo", {}, singleton_key="k")
     assert await store.claim("q", 10) == []
     assert await store.claim("solo", 10, one_per_key=True) == []
-    probe = await pool.fetchrow(SQL.probe, ["q", "solo"], 30.0, 3600.0)
+    probe = await db.fetchrow(
+        pool, SQL.probe, queues=["q", "solo"], stale_seconds=30.0, min_retention=3600.0
+    )
     assert probe is not None
     assert list(probe["due"]) == []
     assert await sender.queues.resume("q") is True

@@ -8,6 +8,7 @@ import asyncpg
 
 from api_sender import Sender, create_pool
 from tests.support.queues import make_queue
+from worker.db import statements as db
 from worker.queue.sql import render
 from worker.queue.store import JobStore
 
@@ -25,15 +26,17 @@ async def test_claim_turns_synchronous_commit_off_for_its_own_transaction_only(
     owner = uuid.uuid4()
     async with pool.acquire() as conn:
         async with conn.transaction():
-            claimed = await conn.fetch(SQL.claim, "q", 2, owner)
+            claimed = await db.fetch(conn, SQL.claim, queue="q", limit=2, owner=owner)
             assert len(claimed) == 2
             assert await conn.fetchval(SETTING) == "off"
         assert await conn.fetchval(SETTING) == "on"
         async with conn.transaction():
-            await conn.fetch(SQL.claim, "q", 5, owner)  # one left, then none: still lazy
+            await db.fetch(
+                conn, SQL.claim, queue="q", limit=5, owner=owner
+            )  # one left, then none: still lazy
             assert await conn.fetchval(SETTING) == "off"
         async with conn.transaction():
-            await conn.fetch(SQL.claim_one_per_key, "q", 5, owner)
+            await db.fetch(conn, SQL.claim_one_per_key, queue="q", limit=5, owner=owner)
             assert await conn.fetchval(SETTING) == "off"
 
 
@@ -45,16 +48,17 @@ async def test_a_claim_carrying_outcomes_waits_for_the_disk(
     await sender.send_many("q", [{} for _ in range(4)])
     owner = uuid.uuid4()
     async with pool.acquire() as conn:
-        first = await conn.fetch(SQL.claim, "q", 2, owner)
+        first = await db.fetch(conn, SQL.claim, queue="q", limit=2, owner=owner)
         async with conn.transaction():
-            rows = await conn.fetch(
+            rows = await db.fetch(
+                conn,
                 SQL.complete_and_claim,
-                "q",
-                2,
-                owner,
-                [r["id"] for r in first],
-                [r["attempt"] for r in first],
-                [r["started_at"] for r in first],
+                queue="q",
+                limit=2,
+                owner=owner,
+                ids=[r["id"] for r in first],
+                attempts=[r["attempt"] for r in first],
+                claims=[r["started_at"] for r in first],
             )
             assert rows[0]["lost"] == []
             assert await conn.fetchval(SETTING) == "on"

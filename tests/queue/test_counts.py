@@ -23,6 +23,7 @@ from tests.support.counts import (
 )
 from tests.support.queues import make_queue
 from worker.db import migrations
+from worker.db import statements as db
 from worker.gauges import QueueGauges
 from worker.metrics import QUEUE_JOBS, QUEUE_OLDEST_WAITING
 from worker.queue.jobs import ClaimedJob
@@ -57,7 +58,7 @@ async def test_the_count_reads_no_finished_row(pool: asyncpg.Pool, sender: Sende
     async with pool.acquire() as conn, conn.transaction(readonly=True):
         await conn.execute("SET LOCAL jit = off")
         [plan] = json.loads(
-            await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SQL.counts)
+            await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SQL.counts.text)
         )
     text = json.dumps(plan)
     assert "Seq Scan on job " not in text
@@ -75,7 +76,7 @@ async def test_the_count_answers_within_a_timeout_a_full_count_exceeds(pool: asy
     async with pool.acquire() as conn, conn.transaction(readonly=True):
         await conn.execute("SET LOCAL jit = off")
         await conn.execute("SET LOCAL statement_timeout = 50")
-        rows = await conn.fetch(SQL.counts)
+        rows = await db.fetch(conn, SQL.counts)
     counts = {r["name"]: json.loads(r["counts"]) for r in rows}
     assert counts["q"]["completed"] == 200_000
 

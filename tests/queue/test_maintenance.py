@@ -11,6 +11,7 @@ import asyncpg
 
 from api_sender import Sender
 from tests.support.queues import make_queue
+from worker.db import statements as db
 from worker.queue.availability import Availability
 from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
@@ -59,7 +60,9 @@ async def test_live_worker_keeps_its_jobs(pool, sender: Sender) -> None:
     alive = JobStore(pool, SQL, uuid.uuid4())
     await alive.claim("q", 1)
     await age_claims(pool, 300)
-    await pool.execute(SQL.heartbeat, alive.owner, socket.gethostname(), os.getpid())
+    await db.execute(
+        pool, SQL.heartbeat, owner=alive.owner, host=socket.gethostname(), pid=os.getpid()
+    )
     other = JobStore(pool, SQL, uuid.uuid4())
     await other.claim("q", 1)  # fresh claim by a worker with no row at all
     rescued, _ = await maintenance_for(pool).run_once(prune=False)
@@ -72,7 +75,7 @@ async def test_stale_heartbeat_lets_the_job_go(pool, sender: Sender) -> None:
     await sender.send("q", {})
     frozen = JobStore(pool, SQL, uuid.uuid4())
     [job] = await frozen.claim("q", 1)
-    await pool.execute(SQL.heartbeat, frozen.owner, "h", 1)
+    await db.execute(pool, SQL.heartbeat, owner=frozen.owner, host="h", pid=1)
     await pool.execute("UPDATE jobs.worker SET heartbeat_at = now() - interval '1 minute'")
     await age_claims(pool, 60)
     assert (await maintenance_for(pool).run_once(prune=False))[0] == 1
@@ -92,7 +95,7 @@ async def test_after_an_outage_nothing_is_rescued_for_a_stale_interval(
     beating = JobStore(pool, SQL, uuid.uuid4())
     await beating.claim("q", 1)
     await age_claims(pool, 11)
-    await pool.execute(SQL.heartbeat, beating.owner, "h", 1)
+    await db.execute(pool, SQL.heartbeat, owner=beating.owner, host="h", pid=1)
     availability = Availability()
     availability.lost()
     availability.answered()
@@ -120,7 +123,7 @@ async def test_expired_job_counts_as_failed_attempt(pool, sender: Sender) -> Non
     job_id = await sender.send("q", {})
     store = JobStore(pool, SQL, uuid.uuid4())
     await store.claim("q", 1)
-    await pool.execute(SQL.heartbeat, store.owner, "h", 1)
+    await db.execute(pool, SQL.heartbeat, owner=store.owner, host="h", pid=1)
     await age_claims(pool, 11)
     assert (await maintenance_for(pool).run_once(prune=False))[0] == 1
     row = await pool.fetchrow("SELECT state::text, output FROM jobs.job WHERE id = $1", job_id)
@@ -181,11 +184,15 @@ async def test_probe_finds_due_work_below_a_future_only_priority(pool, sender: S
     await make_queue(pool, "q")
     await sender.send_many("q", [{} for _ in range(50)], priority=9, start_after=120)
     await sender.send("q", {}, priority=5, start_after=40)
-    row = await pool.fetchrow(SQL.probe, ["q"], STALE, 3600.0)
+    row = await db.fetchrow(
+        pool, SQL.probe, queues=["q"], stale_seconds=STALE, min_retention=3600.0
+    )
     assert list(row["due"]) == []
     assert 39 < row["next_due_in"].total_seconds() <= 40
     await sender.send("q", {}, priority=1)
-    row = await pool.fetchrow(SQL.probe, ["q"], STALE, 3600.0)
+    row = await db.fetchrow(
+        pool, SQL.probe, queues=["q"], stale_seconds=STALE, min_retention=3600.0
+    )
     assert list(row["due"]) == ["q"]
     assert 39 < row["next_due_in"].total_seconds() <= 40
 
@@ -196,11 +203,17 @@ async def test_probe_reports_due_queues_and_rescue(pool, sender: Sender) -> None
     await make_queue(pool, "b")
     await sender.send("a", {})
     await sender.send("b", {}, start_after=30)
-    row = await pool.fetchrow(SQL.probe, ["a", "b"], STALE, 3600.0)
+    row = await db.fetchrow(
+        pool, SQL.probe, queues=["a", "b"], stale_seconds=STALE, min_retention=3600.0
+    )
     assert list(row["due"]) == ["a"]
     assert 29 < row["next_due_in"].total_seconds() <= 30
     assert row["rescue"] is False
     assert row["prunable"] is False
     await JobStore(pool, SQL, uuid.uuid4()).claim("a", 1)
     await age_claims(pool, 31)
-    assert (await pool.fetchrow(SQL.probe, ["a", "b"], STALE, 3600.0))["rescue"] is True
+    assert (
+        await db.fetchrow(
+            pool, SQL.probe, queues=["a", "b"], stale_seconds=STALE, min_retention=3600.0
+        )
+    )["rescue"] is True

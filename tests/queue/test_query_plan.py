@@ -23,7 +23,10 @@ async def test_claim_uses_the_fetch_index_among_many_finished_rows(pool, sender:
     await pool.execute("ANALYZE jobs.job")
     async with pool.acquire() as conn, conn.transaction():
         plan = await conn.fetchval(
-            "EXPLAIN (FORMAT JSON) " + SQL.claim, "q", 5, "00000000-0000-0000-0000-000000000000"
+            "EXPLAIN (FORMAT JSON) " + SQL.claim.text,
+            *SQL.claim.args(
+                {"queue": "q", "limit": 5, "owner": "00000000-0000-0000-0000-000000000000"}
+            ),
         )
         await conn.execute("ROLLBACK")  # EXPLAIN without ANALYZE writes nothing; be explicit
     text = json.dumps(plan)
@@ -41,5 +44,8 @@ async def test_probe_uses_indexes(pool, sender: Sender) -> None:
     )
     await sender.send_many("q", [{} for _ in range(10)], start_after=600)
     await pool.execute("ANALYZE jobs.job")
-    plan = await pool.fetchval("EXPLAIN (FORMAT JSON) " + SQL.probe, ["q"], 30.0, 3600.0)
+    plan = await pool.fetchval(
+        "EXPLAIN (FORMAT JSON) " + SQL.probe.text,
+        *SQL.probe.args({"queues": ["q"], "stale_seconds": 30.0, "min_retention": 3600.0}),
+    )
     assert "Seq Scan on job" not in json.dumps(plan)

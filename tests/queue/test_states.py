@@ -10,6 +10,7 @@ import pytest
 
 from api_sender import Sender
 from tests.support.queues import make_queue
+from worker.db import statements as db
 from worker.queue.jobs import ClaimedJob
 from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
@@ -231,7 +232,7 @@ async def test_a_rescue_of_a_lost_claim_never_settles_a_later_claim(pool, sender
     store = store_for(pool)
     await store.claim("q", 1)
     await pool.execute("UPDATE jobs.job SET started_at = now() - interval '1 minute'")
-    candidates = await pool.fetch(SQL.rescue_candidates, 30.0, 10)
+    candidates = await db.fetch(pool, SQL.rescue_candidates, stale_seconds=30.0, limit=10)
     assert [r["id"] for r in candidates] == [job_id]
     await lose_claim(pool, job_id)
     [second] = await store.claim("q", 1)

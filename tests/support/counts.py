@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from worker.db import statements
 from worker.queue.sql import render
 
 FINISHED = ("completed", "cancelled", "failed")
@@ -50,7 +51,7 @@ async def reported_counts(db: Any, schema: str = "jobs") -> Counts:
     out, so it compares equal to :func:`table_counts`."""
     async with _connection(db) as conn, conn.transaction(readonly=True):
         await conn.execute("SET LOCAL jit = off")
-        rows = await conn.fetch(render(schema).counts)
+        rows = await statements.fetch(conn, render(schema).counts)
     out: Counts = {}
     for row in rows:
         for state, n in json.loads(row["counts"]).items():

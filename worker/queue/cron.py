@@ -26,6 +26,7 @@ import asyncpg
 import structlog
 from croniter import croniter
 
+from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
 from .availability import Availability
 from .sql import QueueStatements
@@ -138,7 +139,7 @@ class CronScheduler:
 
         ``at`` stands in for the database clock (tests walk a schedule through a chosen day).
         """
-        rows = await self._pool.fetch(self._sql.load_schedules, self._queues)
+        rows = await db.fetch(self._pool, self._sql.load_schedules, queues=self._queues)
         if not rows:
             return RELOAD_SECONDS
         db_now: datetime = rows[0]["db_now"] if at is None else at
@@ -155,7 +156,9 @@ class CronScheduler:
 
     async def fire(self, queue: str, cron: str, slot: datetime) -> int | None:
         """Enqueue ``slot`` of ``queue`` unless another replica already has; return the job id."""
-        row = await self._pool.fetchrow(self._sql.fire_schedule, queue, slot, cron)
+        row = await db.fetchrow(
+            self._pool, self._sql.fire_schedule, queue=queue, slot=slot, cron=cron
+        )
         assert row is not None
         if row["moved"]:
             log.info("cron.fired", queue=queue, slot=slot.isoformat(), job_id=row["id"])

@@ -16,6 +16,7 @@ import structlog
 
 from api_sender.schema import notify_channel
 
+from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay, connect
 from ..metrics import DB_RECONNECTS
 from .availability import Availability
@@ -127,8 +128,12 @@ class Dispatcher:
         while True:
             try:
                 with anyio.fail_after(max(5.0, self._poll_interval * 2)):
-                    row = await conn.fetchrow(
-                        self._sql.probe, self._queues, self._stale_seconds, self._min_retention
+                    row = await db.fetchrow(
+                        conn,
+                        self._sql.probe,
+                        queues=self._queues,
+                        stale_seconds=self._stale_seconds,
+                        min_retention=self._min_retention,
                     )
             except TRANSIENT_ERRORS:
                 raise

@@ -11,6 +11,7 @@ import anyio
 import asyncpg
 import structlog
 
+from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
 from .availability import Availability
 from .holdings import Holdings
@@ -49,7 +50,9 @@ class Heartbeat:
 
     async def beat(self) -> None:
         """Write one beat now."""
-        await self._pool.execute(self._sql.heartbeat, self._owner, self._host, self._pid)
+        await db.execute(
+            self._pool, self._sql.heartbeat, owner=self._owner, host=self._host, pid=self._pid
+        )
         self._availability.answered()
 
     async def beat_if_holding(self) -> None:
@@ -84,4 +87,4 @@ class Heartbeat:
     async def forget(self) -> None:
         """Remove this worker's row (clean stop)."""
         with contextlib.suppress(*RETRYABLE_ERRORS):
-            await self._pool.execute(self._sql.forget_worker, self._owner)
+            await db.execute(self._pool, self._sql.forget_worker, owner=self._owner)

@@ -11,6 +11,7 @@ import anyio
 import asyncpg
 import structlog
 
+from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS
 from ..db.locks import MAINTENANCE, try_xact_lock
 from ..metrics import JOBS_RESCUED
@@ -110,7 +111,12 @@ class Maintenance:
             if not await try_xact_lock(conn, MAINTENANCE, self._schema):
                 return 0, 0
             candidates = (
-                await conn.fetch(self._sql.rescue_candidates, self._stale, RESCUE_BATCH)
+                await db.fetch(
+                    conn,
+                    self._sql.rescue_candidates,
+                    stale_seconds=self._stale,
+                    limit=RESCUE_BATCH,
+                )
                 if rescue
                 else []
             )
@@ -181,17 +187,22 @@ class Maintenance:
         return len(matched)
 
     async def _prune(self) -> int:
-        min_retention = await self._pool.fetchval(self._sql.min_retention)
+        min_retention = await db.fetchval(self._pool, self._sql.min_retention)
         deadline = time.monotonic() + PRUNE_BUDGET_SECONDS
         total = 0
         while time.monotonic() < deadline:
-            status = await self._pool.execute(self._sql.prune, float(min_retention), PRUNE_BATCH)
+            status = await db.execute(
+                self._pool,
+                self._sql.prune,
+                min_retention=float(min_retention),
+                limit=PRUNE_BATCH,
+            )
             deleted = int(status.split()[-1])
             total += deleted
             if deleted < PRUNE_BATCH:
                 break
-        await self._pool.execute(self._sql.prune_workers)
+        await db.execute(self._pool, self._sql.prune_workers)
         # Every counter row comes from a job entering or leaving a finished state, and finished
         # jobs become prunable after their retention: folding here bounds the rows.
-        await self._pool.fetchval(self._sql.compact_counts, COMPACT_KEEP)
+        await db.fetchval(self._pool, self._sql.compact_counts, keep=COMPACT_KEEP)
         return total

@@ -5,9 +5,9 @@ Each statement says what it guarantees. Every time comparison uses the database 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from api_sender.schema import notify_channel, quoted
+from api_sender.query import Query, Rendered
 
 _JOB_COLUMNS = """j.id, j.data::text AS data, j.attempt, j.retry_count, j.retry_limit,
     j.singleton_key, j.expire_seconds, j.priority, j.start_after, j.started_at"""
@@ -57,7 +57,7 @@ def _complete_update(ids: str, attempts: str, claims: str, owner: str) -> str:
 
 CLAIM = (
     """
--- claim: up to $2 due jobs of queue $1 in priority, then due-time, order (index job_fetch).
+-- claim: up to `limit` due jobs of the queue in priority, then due-time, order (index job_fetch).
 -- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
 -- that kills its worker every time still runs out of attempts; owner, attempt and the claim's
 -- started_at (returned, carried by the worker) fence every later write. The locked ids are
@@ -74,11 +74,11 @@ CLAIM = (
 -- them.
 WITH next AS (
     """
-    + _claim_next("$1", "$2")
+    + _claim_next(":queue", ":limit")
     + """
 )
 """
-    + _claim_update("next", "$3", lazy_commit=True)
+    + _claim_update("next", ":owner", lazy_commit=True)
     + "\n"
 )
 
@@ -91,14 +91,14 @@ CLAIM_ONE_PER_KEY = (
 WITH candidates AS (
     SELECT j.id, COALESCE(j.singleton_key, '') AS k, j.priority, j.start_after
     FROM {s}.job j
-    WHERE j.queue = $1 AND j.state < 'active' AND j.start_after <= now()
-      AND NOT (SELECT paused FROM {s}.queue WHERE name = $1)
+    WHERE j.queue = :queue AND j.state < 'active' AND j.start_after <= now()
+      AND NOT (SELECT paused FROM {s}.queue WHERE name = :queue)
       AND NOT EXISTS (
           SELECT 1 FROM {s}.job a
           WHERE a.queue = j.queue AND a.state = 'active'
             AND COALESCE(a.singleton_key, '') = COALESCE(j.singleton_key, ''))
     ORDER BY j.priority DESC, j.start_after, j.id
-    LIMIT $2 * 4
+    LIMIT :limit * 4
     FOR UPDATE SKIP LOCKED
 ), firsts AS (
     SELECT id FROM (
@@ -106,10 +106,10 @@ WITH candidates AS (
         ORDER BY k, priority DESC, start_after, id
     ) per_key
     ORDER BY priority DESC, start_after, id
-    LIMIT $2
+    LIMIT :limit
 )
 UPDATE {s}.job j
-SET state = 'active', started_at = now(), locked_by = $3, attempt = j.attempt + 1
+SET state = 'active', started_at = now(), locked_by = :owner, attempt = j.attempt + 1
 WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
 """
     + _LAZY_COMMIT
@@ -118,13 +118,14 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
 
 COMPLETE = (
     """
--- complete: a batch in one statement, fenced on owner, attempt and claim instant ($4 started_at).
+-- complete: a batch in one statement, fenced on owner, attempt and claim instant (claims: the
+-- started_at of each).
 -- A job rescued from this worker (or expired), or claimed again after its claim was lost, no
 -- longer matches and is left alone; its id is missing from the result.
 -- The rows are found by primary key (id = ANY), never through job_active: that index holds
 -- every active job of this owner, and a nested loop over it grows with the square of the batch.
 """
-    + _complete_update("$1", "$2", "$4", "$3")
+    + _complete_update(":ids", ":attempts", ":claims", ":owner")
     + "\n"
 )
 
@@ -134,35 +135,35 @@ COMPLETE_LOST = (
 -- the answer is one empty array however large the batch.
 WITH done AS (
 """
-    + _complete_update("$1", "$2", "$4", "$3")
+    + _complete_update(":ids", ":attempts", ":claims", ":owner")
     + """
 )
-SELECT ARRAY(SELECT unnest($1::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
+SELECT ARRAY(SELECT unnest(:ids::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
 """
 )
 
 COMPLETE_AND_CLAIM = (
     """
--- complete, then claim: the outcomes of the previous batch ($4 ids, $5 attempts, $6 claim
--- instants, fenced on owner $3 exactly as in complete) and the next batch of queue $1 (exactly
+-- complete, then claim: the outcomes of the previous batch (ids, attempts, claims = claim
+-- instants, fenced on owner exactly as in complete) and the next batch of the queue (exactly
 -- as in claim) in one statement, one round trip and one commit. The two touch disjoint rows
 -- (active vs waiting), and a job is completed only if this statement commits, as with complete
 -- alone. Every row carries the same "lost" array: the completed ids that did not match (usually
 -- empty). With no job claimed, one row comes back whose job columns are NULL.
 WITH done AS (
 """
-    + _complete_update("$4", "$5", "$6", "$3")
+    + _complete_update(":ids", ":attempts", ":claims", ":owner")
     + """
 ), next AS (
     """
-    + _claim_next("$1", "$2")
+    + _claim_next(":queue", ":limit")
     + """
 ), claimed AS (
 """
-    + _claim_update("next", "$3")
+    + _claim_update("next", ":owner")
     + """
 ), lost AS (
-    SELECT ARRAY(SELECT unnest($4::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
+    SELECT ARRAY(SELECT unnest(:ids::bigint[]) EXCEPT ALL SELECT id FROM done) AS lost
 )
 SELECT lost.lost, c.* FROM lost LEFT JOIN claimed c ON true
 """
@@ -173,18 +174,19 @@ FAIL = """
 -- retry_delay (times 2^retry_count with backoff) in state retry; at the limit it is failed and a
 -- copy of its data goes to its queue's dead letter (read now, so a dead letter added later still
 -- covers older jobs). Queues with newly due work are notified.
--- A failure marked final ($6, per row: data that can never succeed, such as a payload that does
+-- A failure marked final (finals, per row: data that can never succeed, such as a payload that does
 -- not validate) is at the limit whatever its retries left: failed at once, with its copy.
 -- Every exhausted job gets its copy: the copy has no key and is not a timer, so only the
 -- queued-per-key index job_policy_queued could refuse it, and only under a short or stately
 -- policy. The install refuses such a dead letter; should one exist anyway (set outside the
 -- install), its copies take the policy minus that limit (short -> standard, stately ->
 -- singleton). No ON CONFLICT clause: a copy is never dropped silently.
--- The claim instant ($5, started_at) fences too: a claim lost and taken again is not failed.
+-- The claim instant (claims, started_at) fences too: a claim lost and taken again is not failed.
 WITH f AS (
-    -- A missing flag (a shorter $6 pads with NULL) is an ordinary failure, never a final one.
+    -- A missing flag (a shorter finals pads with NULL) is an ordinary failure, never a final one.
     SELECT id, attempt, owner, error, started_at, COALESCE(final, false) AS final
-    FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::timestamptz[], $6::bool[])
+    FROM unnest(:ids::bigint[], :attempts::int[], :owners::uuid[], :errors::text[],
+                :claims::timestamptz[], :finals::bool[])
         AS f(id, attempt, owner, error, started_at, final)
 ), upd AS (
     UPDATE {s}.job j
@@ -230,12 +232,13 @@ FROM upd u
 HAND_BACK = """
 -- hand back: jobs this worker claimed but will not run (shutdown, grace exceeded) are due again
 -- at once, in state retry so no queue policy can refuse them, without counting a failure.
--- Fenced as complete is (owner $3, attempt, claim instant $4).
+-- Fenced as complete is (owner, attempt, claim instant).
 WITH back AS (
     UPDATE {s}.job j
     SET state = 'retry', start_after = now(), started_at = NULL, locked_by = NULL
-    FROM unnest($1::bigint[], $2::int[], $4::timestamptz[]) AS d(id, attempt, started_at)
-    WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = $3 AND j.state = 'active'
+    FROM unnest(:ids::bigint[], :attempts::int[], :claims::timestamptz[])
+        AS d(id, attempt, started_at)
+    WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = :owner AND j.state = 'active'
       AND j.started_at = d.started_at
     RETURNING j.id, j.queue
 ), note AS (
@@ -247,32 +250,32 @@ SELECT id FROM back, (SELECT count(*) FROM note) n
 JOB_STATES = """
 -- outcomes that matched no row: what became of those jobs (cancelled by an operator, deleted,
 -- or rescued), by primary key. Off the hot path: only when a write was fenced.
-SELECT id, state::text AS state FROM {s}.job WHERE id = ANY($1::bigint[])
+SELECT id, state::text AS state FROM {s}.job WHERE id = ANY(:ids::bigint[])
 """
 
 HEARTBEAT = """
 -- heartbeat: this process is alive. An upsert, so a worker row pruned while idle comes back.
-INSERT INTO {s}.worker (id, host, pid) VALUES ($1, $2, $3)
+INSERT INTO {s}.worker (id, host, pid) VALUES (:owner, :host, :pid)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 
 FORGET_WORKER = """
 -- forget: a worker that stops cleanly removes its row.
-DELETE FROM {s}.worker WHERE id = $1
+DELETE FROM {s}.worker WHERE id = :owner
 """
 
 PROBE = """
 -- probe: the idle path, one read-only statement per poll interval for the whole process. Which
--- of queues $1 have due work, when the next future job is due, whether any active job needs a
--- rescue (its worker silent for $2 seconds, or past its expiry), and whether a finished job is
--- older than $3 seconds, the shortest retention (index job_finished).
+-- of the queues have due work, when the next future job is due, whether any active job needs a
+-- rescue (its worker silent for stale_seconds, or past its expiry), and whether a finished job is
+-- older than min_retention seconds, the shortest retention (index job_finished).
 -- Due work and the next due time come from job_fetch alone by a loose index scan: per queue, one
 -- seek per distinct waiting priority (usually one or two), then per priority the earliest
 -- waiting job and the earliest future one. However many future-dated jobs wait (timers, held
 -- usage), the probe reads a handful of index entries, and sends need no second waiting index.
 WITH RECURSIVE priorities AS (
     SELECT q.queue, top.priority
-    FROM unnest($1::text[]) AS q (queue)
+    FROM unnest(:queues::text[]) AS q (queue)
     -- A paused queue is never due: its poller stays asleep until resume notifies it.
     JOIN {s}.queue pq ON pq.name = q.queue AND NOT pq.paused,
     LATERAL (
@@ -304,20 +307,20 @@ SELECT
         SELECT 1 FROM {s}.job j
         WHERE j.state = 'active'
           AND (j.started_at < now() - make_interval(secs => j.expire_seconds)
-               OR (j.started_at < now() - make_interval(secs => $2)
+               OR (j.started_at < now() - make_interval(secs => :stale_seconds)
                    AND NOT EXISTS (
                        SELECT 1 FROM {s}.worker w
                        WHERE w.id = j.locked_by
-                         AND w.heartbeat_at >= now() - make_interval(secs => $2))))
+                         AND w.heartbeat_at >= now() - make_interval(secs => :stale_seconds))))
     ) AS rescue,
     EXISTS (
         SELECT 1 FROM {s}.job j
-        WHERE j.state > 'active' AND j.completed_at < now() - make_interval(secs => $3)
+        WHERE j.state > 'active' AND j.completed_at < now() - make_interval(secs => :min_retention)
     ) AS prunable
 """
 
 RESCUE_CANDIDATES = """
--- rescue: active jobs whose worker has been silent for $1 seconds (dead, frozen or gone), and
+-- rescue: active jobs whose worker has been silent for stale_seconds (dead, frozen or gone), and
 -- active jobs past their expiry. The caller fails each as an attempt, fenced on owner, attempt
 -- and claim instant, so a worker that completes one meanwhile wins, and a claim taken again
 -- after this one was lost is not failed in its stead.
@@ -328,29 +331,29 @@ SELECT j.id, j.attempt, j.locked_by, j.started_at,
 FROM {s}.job j
 WHERE j.state = 'active'
   AND (j.started_at < now() - make_interval(secs => j.expire_seconds)
-       OR (j.started_at < now() - make_interval(secs => $1)
+       OR (j.started_at < now() - make_interval(secs => :stale_seconds)
            AND NOT EXISTS (
                SELECT 1 FROM {s}.worker w
                WHERE w.id = j.locked_by
-                 AND w.heartbeat_at >= now() - make_interval(secs => $1))))
+                 AND w.heartbeat_at >= now() - make_interval(secs => :stale_seconds))))
 ORDER BY j.id
-LIMIT $2
+LIMIT :limit
 """
 
 PRUNE = """
 -- prune: finished jobs past their queue's retention (failed ones past failed retention), oldest
--- first through index job_finished, at most $2 rows per statement so no statement runs long.
--- $1 is the smallest retention of any queue, the index range bound.
+-- first through index job_finished, at most limit rows per statement so no statement runs long.
+-- min_retention is the smallest retention of any queue, the index range bound.
 DELETE FROM {s}.job WHERE id IN (
     SELECT j.id FROM {s}.job j
     LEFT JOIN {s}.queue q ON q.name = j.queue
     WHERE j.state > 'active'
-      AND j.completed_at < now() - make_interval(secs => $1)
+      AND j.completed_at < now() - make_interval(secs => :min_retention)
       AND j.completed_at < now() - make_interval(secs => CASE
             WHEN j.state = 'failed' THEN COALESCE(q.failed_retention_seconds, 604800)
             ELSE COALESCE(q.retention_seconds, 3600) END)
     ORDER BY j.completed_at
-    LIMIT $2
+    LIMIT :limit
     FOR UPDATE OF j SKIP LOCKED
 )
 """
@@ -372,11 +375,12 @@ UPSERT_QUEUE = """
 -- Returns the policy the queue had before (NULL for a new queue; no row when nothing changed),
 -- read by the CTE from the statement's snapshot, before the upsert; the install lock keeps
 -- another install from changing it in between.
-WITH before AS (SELECT policy FROM {s}.queue WHERE name = $1)
+WITH before AS (SELECT policy FROM {s}.queue WHERE name = :name)
 INSERT INTO {s}.queue AS q (name, policy, retry_limit, retry_delay, retry_backoff,
                            expire_seconds, retention_seconds, failed_retention_seconds,
                            dead_letter)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+VALUES (:name, :policy, :retry_limit, :retry_delay, :retry_backoff, :expire_seconds,
+        :retention_seconds, :failed_retention_seconds, :dead_letter)
 ON CONFLICT (name) DO UPDATE
 SET policy = EXCLUDED.policy, retry_limit = EXCLUDED.retry_limit,
     retry_delay = EXCLUDED.retry_delay, retry_backoff = EXCLUDED.retry_backoff,
@@ -393,7 +397,7 @@ RETURNING (SELECT policy FROM before) AS old_policy
 """
 
 APPLY_POLICY = """
--- install: queue $1's policy changed to $2; the jobs waiting on it follow (a job carries its
+-- install: a queue's policy changed to `policy`; the jobs waiting on it follow (a job carries its
 -- queue's policy so the policy indexes need no join; a job left on a stricter policy than its
 -- queue's makes the plain claim collide with job_policy_active). Waiting jobs (created, retry)
 -- only: they are locked by nothing but claims, which skip locked rows, so this UPDATE can wait
@@ -404,13 +408,14 @@ APPLY_POLICY = """
 -- after the fact), counted in "kept". Reads the queue's waiting rows through job_fetch.
 WITH crowded AS (
     SELECT COALESCE(singleton_key, '') AS k FROM {s}.job
-    WHERE queue = $1 AND state = 'created' AND $2 IN ('short', 'stately')
+    WHERE queue = :queue AND state = 'created' AND :policy IN ('short', 'stately')
     GROUP BY 1 HAVING count(*) > 1
 ), candidates AS (
-    SELECT count(*) AS n FROM {s}.job WHERE queue = $1 AND state < 'active' AND policy <> $2
+    SELECT count(*) AS n FROM {s}.job
+    WHERE queue = :queue AND state < 'active' AND policy <> :policy
 ), moved AS (
-    UPDATE {s}.job j SET policy = $2
-    WHERE j.queue = $1 AND j.state < 'active' AND j.policy <> $2
+    UPDATE {s}.job j SET policy = :policy
+    WHERE j.queue = :queue AND j.state < 'active' AND j.policy <> :policy
       AND NOT (j.state = 'created' AND COALESCE(j.singleton_key, '') IN (SELECT k FROM crowded))
     RETURNING 1
 )
@@ -419,49 +424,50 @@ SELECT (SELECT count(*) FROM moved) AS moved,
 """
 
 DEAD_LETTER_CONFLICTS = """
--- install: queues among $1, or queues naming one of $1 as dead letter, whose dead letter allows
--- one queued job per key (short, stately). A dead-letter copy has no key, so such a dead letter
--- would keep one copy and refuse the rest: the install refuses the pair instead. Run in the
+-- install: the given queues, or queues naming one of them as dead letter, whose dead letter
+-- allows one queued job per key (short, stately). A dead-letter copy has no key, so such a dead
+-- letter would keep one copy and refuse the rest: the install refuses the pair instead. Run in the
 -- install's transaction after its upserts, under the install lock, so a dead letter declared by
 -- another deployment, or changed by one, is seen as it will be committed.
 SELECT q.name, q.dead_letter, d.policy
 FROM {s}.queue q JOIN {s}.queue d ON d.name = q.dead_letter
 WHERE d.policy IN ('short', 'stately')
-  AND (q.name = ANY($1::text[]) OR d.name = ANY($1::text[]))
+  AND (q.name = ANY(:queues::text[]) OR d.name = ANY(:queues::text[]))
 ORDER BY q.name
 """
 
-QUEUE_EXISTS = "SELECT EXISTS (SELECT 1 FROM {s}.queue WHERE name = $1)"
+QUEUE_EXISTS = "SELECT EXISTS (SELECT 1 FROM {s}.queue WHERE name = :queue)"
 
 UPSERT_SCHEDULE = """
 -- install: set a queue's cron. A new schedule starts at now(), so it fires at its next tick,
 -- not at once; a changed cron keeps its last slot.
-INSERT INTO {s}.schedule AS s (queue, cron, tz, data) VALUES ($1, $2, $3, $4::text::jsonb)
+INSERT INTO {s}.schedule AS s (queue, cron, tz, data)
+VALUES (:queue, :cron, :tz, :data::text::jsonb)
 ON CONFLICT (queue) DO UPDATE
 SET cron = EXCLUDED.cron, tz = EXCLUDED.tz, data = EXCLUDED.data, updated_at = now()
 WHERE (s.cron, s.tz, s.data) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.tz, EXCLUDED.data)
 RETURNING queue
 """
 
-DELETE_SCHEDULE = "DELETE FROM {s}.schedule WHERE queue = $1 RETURNING queue"
+DELETE_SCHEDULE = "DELETE FROM {s}.schedule WHERE queue = :queue RETURNING queue"
 
 LOAD_SCHEDULES = """
 SELECT queue, cron, tz, data::text AS data, last_slot, now() AS db_now FROM {s}.schedule
-WHERE queue = ANY($1::text[])
+WHERE queue = ANY(:queues::text[])
 """
 
 FIRE_SCHEDULE = """
--- cron tick: enqueue slot $2 of queue $1 if and only if this call moves last_slot forward. The
+-- cron tick: enqueue `slot` of the queue if and only if this call moves last_slot forward. The
 -- UPDATE is a compare-and-set on the schedule row: however many replicas try the same slot,
 -- exactly one moves it and inserts the job; a slot older than last_slot never fires.
 WITH moved AS (
-    UPDATE {s}.schedule SET last_slot = $2, last_run = now()
-    WHERE queue = $1 AND cron = $3 AND last_slot < $2 AND $2 <= now()
+    UPDATE {s}.schedule SET last_slot = :slot, last_run = now()
+    WHERE queue = :queue AND cron = :cron AND last_slot < :slot AND :slot <= now()
     RETURNING queue, data
 ), ins AS (
     INSERT INTO {s}.job (queue, policy, data, singleton_key, retry_limit, retry_delay,
                          retry_backoff, expire_seconds)
-    SELECT q.name, q.policy, m.data, 'cron:' || to_char($2 AT TIME ZONE 'UTC',
+    SELECT q.name, q.policy, m.data, 'cron:' || to_char(:slot AT TIME ZONE 'UTC',
            'YYYY-MM-DD"T"HH24:MI:SS"Z"'), q.retry_limit, q.retry_delay, q.retry_backoff,
            q.expire_seconds
     FROM moved m JOIN {s}.queue q ON q.name = m.queue
@@ -514,14 +520,14 @@ ORDER BY q.name
 """
 
 COMPACT_COUNTS = """
--- compact counts: folds the job_count rows of every (queue, state) that has more than $1 of
+-- compact counts: folds the job_count rows of every (queue, state) that has more than `keep` of
 -- them (piled up under contention, by repeatable-read writers or bulk inserts) into one, same
 -- sums; skips rows a writer holds (SKIP LOCKED), so it never waits and may run anywhere.
-SELECT {s}.job_count_compact($1)
+SELECT {s}.job_count_compact(:keep)
 """
 
 INSTALL_DONE = """
-INSERT INTO {s}.install (id, completed_at, version) VALUES (1, now(), $1)
+INSERT INTO {s}.install (id, completed_at, version) VALUES (1, now(), :version)
 ON CONFLICT (id) DO UPDATE SET completed_at = now(), version = EXCLUDED.version
 """
 
@@ -533,40 +539,73 @@ SELECT (SELECT max(version) FROM {s}.schema_migration) AS version,
 
 @dataclass(frozen=True, slots=True)
 class QueueStatements:
-    """The consumer's statements for one schema (attribute names match the constants above)."""
+    """The consumer's statements rendered for one schema, each bound by parameter name."""
 
-    claim: str
-    claim_one_per_key: str
-    complete: str
-    complete_lost: str
-    complete_and_claim: str
-    fail: str
-    hand_back: str
-    job_states: str
-    heartbeat: str
-    forget_worker: str
-    probe: str
-    rescue_candidates: str
-    prune: str
-    prune_workers: str
-    min_retention: str
-    upsert_queue: str
-    apply_policy: str
-    dead_letter_conflicts: str
-    queue_exists: str
-    upsert_schedule: str
-    delete_schedule: str
-    load_schedules: str
-    fire_schedule: str
-    db_now: str
-    counts: str
-    compact_counts: str
-    install_done: str
-    install_state: str
+    claim: Rendered
+    claim_one_per_key: Rendered
+    complete: Rendered
+    complete_lost: Rendered
+    complete_and_claim: Rendered
+    fail: Rendered
+    hand_back: Rendered
+    job_states: Rendered
+    heartbeat: Rendered
+    forget_worker: Rendered
+    probe: Rendered
+    rescue_candidates: Rendered
+    prune: Rendered
+    prune_workers: Rendered
+    min_retention: Rendered
+    upsert_queue: Rendered
+    apply_policy: Rendered
+    dead_letter_conflicts: Rendered
+    queue_exists: Rendered
+    upsert_schedule: Rendered
+    delete_schedule: Rendered
+    load_schedules: Rendered
+    fire_schedule: Rendered
+    db_now: Rendered
+    counts: Rendered
+    compact_counts: Rendered
+    install_done: Rendered
+    install_state: Rendered
+
+
+#: Every consumer statement, by the name it has in :class:`QueueStatements`.
+STATEMENTS: tuple[Query, ...] = (
+    Query("claim", CLAIM),
+    Query("claim_one_per_key", CLAIM_ONE_PER_KEY),
+    Query("complete", COMPLETE),
+    Query("complete_lost", COMPLETE_LOST),
+    Query("complete_and_claim", COMPLETE_AND_CLAIM),
+    Query("fail", FAIL),
+    Query("hand_back", HAND_BACK),
+    Query("job_states", JOB_STATES),
+    Query("heartbeat", HEARTBEAT),
+    Query("forget_worker", FORGET_WORKER),
+    Query("probe", PROBE),
+    Query("rescue_candidates", RESCUE_CANDIDATES),
+    Query("prune", PRUNE),
+    Query("prune_workers", PRUNE_WORKERS),
+    Query("min_retention", MIN_RETENTION),
+    Query("upsert_queue", UPSERT_QUEUE),
+    Query("apply_policy", APPLY_POLICY),
+    Query("dead_letter_conflicts", DEAD_LETTER_CONFLICTS),
+    Query("queue_exists", QUEUE_EXISTS),
+    Query("upsert_schedule", UPSERT_SCHEDULE),
+    Query("delete_schedule", DELETE_SCHEDULE),
+    Query("load_schedules", LOAD_SCHEDULES),
+    Query("fire_schedule", FIRE_SCHEDULE),
+    Query("db_now", DB_NOW),
+    Query("counts", COUNTS),
+    Query("compact_counts", COMPACT_COUNTS),
+    Query("install_done", INSTALL_DONE),
+    Query("install_state", INSTALL_STATE),
+)
 
 
 def render(schema: str) -> QueueStatements:
     """Render every consumer statement for ``schema`` (validated and quoted)."""
-    values = {"s": quoted(schema), "channel": notify_channel(schema), "cols": _JOB_COLUMNS}
-    rendered = {f.name: globals()[f.name.upper()].format(**values) for f in fields(QueueStatements)}
-    return QueueStatements(**rendered)
+    return QueueStatements(
+        **{query.name: query.render(schema, cols=_JOB_COLUMNS) for query in STATEMENTS}
+    )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import asyncpg
 
+from ..db import statements as db
 from .jobs import ClaimedJob
 from .sql import QueueStatements
 
@@ -34,7 +35,7 @@ class JobStore:
         """Claim up to ``limit`` due jobs of ``queue``, in priority then due-time order."""
         statement = self.sql.claim_one_per_key if one_per_key else self.sql.claim
         try:
-            rows = await self.pool.fetch(statement, queue, limit, self.owner)
+            rows = await db.fetch(self.pool, statement, queue=queue, limit=limit, owner=self.owner)
         except asyncpg.UniqueViolationError:
             if not one_per_key:
                 # Jobs still carrying a one-per-key policy on a queue that no longer has it
@@ -56,14 +57,12 @@ class JobStore:
         if not done:
             return await self.claim(queue, limit), set()
         try:
-            rows = await self.pool.fetch(
+            rows = await db.fetch(
+                self.pool,
                 self.sql.complete_and_claim,
-                queue,
-                limit,
-                self.owner,
-                [j.id for j in done],
-                [j.attempt for j in done],
-                [j.started_at for j in done],
+                queue=queue,
+                limit=limit,
+                **self._fence(done),
             )
         except asyncpg.UniqueViolationError:
             # The claim half met a policy index (as in claim): nothing was written. Write the
@@ -79,7 +78,7 @@ class JobStore:
         rescued or expired meanwhile and are left as they are)."""
         if not jobs:
             return set()
-        rows = await self.pool.fetch(self.sql.complete, *self._fence(jobs))
+        rows = await db.fetch(self.pool, self.sql.complete, **self._fence(jobs))
         return {row["id"] for row in rows}
 
     async def complete_lost(self, jobs: Sequence[ClaimedJob]) -> set[int]:
@@ -87,7 +86,7 @@ class JobStore:
         meanwhile, left as they are). Cheaper than :meth:`complete` for large batches."""
         if not jobs:
             return set()
-        lost = await self.pool.fetchval(self.sql.complete_lost, *self._fence(jobs))
+        lost = await db.fetchval(self.pool, self.sql.complete_lost, **self._fence(jobs))
         return set(lost)
 
     async def fail(
@@ -106,39 +105,38 @@ class JobStore:
         if not failures:
             return []
         owner_list = list(owners) if owners is not None else [self.owner] * len(failures)
-        rows = await self.pool.fetch(
+        rows = await db.fetch(
+            self.pool,
             self.sql.fail,
-            [job.id for job, _ in failures],
-            [job.attempt for job, _ in failures],
-            owner_list,
-            [storable_text(error[:2000]) for _, error in failures],
-            [job.started_at for job, _ in failures],
-            [job.id in final for job, _ in failures] if final else [False] * len(failures),
+            ids=[job.id for job, _ in failures],
+            attempts=[job.attempt for job, _ in failures],
+            owners=owner_list,
+            errors=[storable_text(error[:2000]) for _, error in failures],
+            claims=[job.started_at for job, _ in failures],
+            finals=[job.id in final for job, _ in failures] if final else [False] * len(failures),
         )
         return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
 
     async def states(self, ids: Sequence[int]) -> dict[int, str]:
         """The state of each of these jobs now (ids whose row is gone are absent)."""
-        rows = await self.pool.fetch(self.sql.job_states, list(ids))
+        rows = await db.fetch(self.pool, self.sql.job_states, ids=list(ids))
         return {row["id"]: row["state"] for row in rows}
 
     async def hand_back(self, jobs: Sequence[ClaimedJob]) -> set[int]:
         """Return claimed jobs to the queue, due at once, without counting a failure."""
         if not jobs:
             return set()
-        rows = await self.pool.fetch(self.sql.hand_back, *self._fence(jobs))
+        rows = await db.fetch(self.pool, self.sql.hand_back, **self._fence(jobs))
         return {row["id"] for row in rows}
 
-    def _fence(
-        self, jobs: Sequence[ClaimedJob]
-    ) -> tuple[list[int], list[int], UUID, list[datetime]]:
-        """The fence parameters of a batched write: ids, attempts, owner, claim instants."""
-        return (
-            [j.id for j in jobs],
-            [j.attempt for j in jobs],
-            self.owner,
-            [j.started_at for j in jobs],
-        )
+    def _fence(self, jobs: Sequence[ClaimedJob]) -> dict[str, Any]:
+        """The fence parameters of a batched write: ids, attempts, claim instants, owner."""
+        return {
+            "ids": [j.id for j in jobs],
+            "attempts": [j.attempt for j in jobs],
+            "claims": [j.started_at for j in jobs],
+            "owner": self.owner,
+        }
 
 
 def storable_text(text: str) -> str:
