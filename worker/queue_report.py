@@ -23,8 +23,8 @@ async def queue_report(conn: asyncpg.Connection, schema: str) -> list[dict[str, 
         await conn.execute("SET LOCAL jit = off")
         rows = await db.fetch(conn, render(schema).counts)
     purges: dict[str, Any] = {}
-    if await conn.fetchval(purge_sql.HAS_RUN_TABLE, purge_sql.run_table(schema)):
-        purges = {r["queue"]: r for r in await conn.fetch(purge_sql.last_runs(schema))}
+    if await db.fetchval(conn, purge_sql.HAS_RUN_TABLE, table=purge_sql.run_table(schema)):
+        purges = {r["queue"]: r for r in await db.fetch(conn, purge_sql.last_runs(schema))}
     report = []
     for row in rows:
         counts = json.loads(row["counts"])

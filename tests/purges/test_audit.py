@@ -133,7 +133,8 @@ async def test_the_batch_statement_uses_the_created_at_index(pool: asyncpg.Pool)
         await conn.execute("ANALYZE public.audit_log")
         clock = await conn.fetchval("SELECT now()")
         plan = await conn.fetchval(
-            "EXPLAIN (FORMAT JSON) " + sql.DELETE_AUDIT_BATCH, clock, 30, 5000
+            "EXPLAIN (FORMAT JSON) " + sql.DELETE_AUDIT_BATCH.text,
+            *sql.DELETE_AUDIT_BATCH.args({"now": clock, "retention_days": 30, "limit": 5000}),
         )
 
     assert "audit_log_created_at_idx" in json.dumps(json.loads(plan))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from ...db import statements as db
 from . import sql
 from .batches import affected, capped
 from .runs import PurgeRun
@@ -17,5 +18,5 @@ async def retire_expired_api_keys(conn: asyncpg.Connection, run: PurgeRun) -> No
     run.retention = "expires_at"
     cap = STATEMENT_TIMEOUT_SECONDS
     with capped(cap, "the api key sweep"):
-        status = await conn.execute(sql.RETIRE_EXPIRED_API_KEYS, run.now, timeout=cap)
+        status = await db.execute(conn, sql.RETIRE_EXPIRED_API_KEYS, now=run.now, timeout=cap)
     run.count(affected(status))

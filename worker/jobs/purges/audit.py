@@ -22,7 +22,13 @@ async def purge_audit_log(
         run.retention = "disabled"
         return
     run.retention = span(retention_days, "day")
-    await drain(conn, run, sql.DELETE_AUDIT_BATCH, (run.now, retention_days), limits)
+    await drain(
+        conn,
+        run,
+        sql.DELETE_AUDIT_BATCH,
+        {"now": run.now, "retention_days": retention_days},
+        limits,
+    )
 
 
 def audit_body(retention_days: int, limits: BatchLimits = AUDIT_LIMITS) -> PurgeBody:

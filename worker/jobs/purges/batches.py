@@ -10,6 +10,9 @@ from typing import Any
 
 import asyncpg
 
+from api_sender.query import Rendered
+
+from ...db import statements as db
 from .runs import PurgeRun
 
 
@@ -52,11 +55,12 @@ def affected(status: str) -> int:
 async def drain(
     conn: asyncpg.Connection,
     run: PurgeRun,
-    statement: str,
-    args: tuple[Any, ...],
+    statement: Rendered,
+    values: dict[str, Any],
     limits: BatchLimits,
 ) -> None:
-    """Run ``statement`` (whose last parameter is the batch size) until a batch comes up short.
+    """Run ``statement`` with ``values`` and ``limit`` (the batch size) until a batch comes up
+    short.
 
     Each batch commits on its own, so a failure keeps what earlier batches did and a long drain
     never holds one transaction open. Records ``batches`` and ``longest_statement_seconds`` in
@@ -72,7 +76,9 @@ async def drain(
         began = time.perf_counter()
         cap = limits.statement_timeout_seconds
         with capped(cap, "a purge batch"):
-            status = await conn.execute(statement, *args, limits.batch_size, timeout=cap)
+            status = await db.execute(
+                conn, statement, timeout=cap, limit=limits.batch_size, **values
+            )
         longest = max(longest, time.perf_counter() - began)
         batches += 1
         rows = affected(status)

@@ -16,4 +16,4 @@ async def purge_idempotency_keys(
 ) -> None:
     """Delete the replay rows whose ``expires_at`` is before ``run.now``."""
     run.retention = "expires_at"
-    await drain(conn, run, sql.DELETE_IDEMPOTENCY_BATCH, (run.now,), limits)
+    await drain(conn, run, sql.DELETE_IDEMPOTENCY_BATCH, {"now": run.now}, limits)

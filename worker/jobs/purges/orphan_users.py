@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from ...db import statements as db
 from . import sql
 from .batches import BatchLimits, capped
 from .runs import PurgeBody, PurgeRun, span
@@ -89,7 +90,7 @@ class AuditTrail:
 
 async def _lock_exclusion_tables(conn: asyncpg.Connection) -> None:
     try:
-        await conn.execute(sql.LOCK_EXCLUSION_TABLES)
+        await db.execute(conn, sql.LOCK_EXCLUSION_TABLES)
     except asyncpg.LockNotAvailableError as exc:
         raise _TablesBusy(str(exc)) from exc
     except asyncpg.InsufficientPrivilegeError as exc:
@@ -115,26 +116,31 @@ async def delete_if_orphan(
         # READ COMMITTED whatever the database's default: each statement's snapshot is taken
         # after the lock waits before it, which is what lets the re-check see their writers.
         async with conn.transaction(isolation="read_committed"):
-            await conn.execute(sql.USER_TRANSACTION_LIMITS, TABLE_LOCK_WAIT)
+            await db.execute(conn, sql.USER_TRANSACTION_LIMITS, lock_wait=TABLE_LOCK_WAIT)
             await _lock_exclusion_tables(conn)
-            await conn.execute(sql.USER_TRANSACTION_LIMITS, ROW_LOCK_WAIT)
-            if await conn.fetchval(sql.LOCK_USER, user_id) is None:
+            await db.execute(conn, sql.USER_TRANSACTION_LIMITS, lock_wait=ROW_LOCK_WAIT)
+            if await db.fetchval(conn, sql.LOCK_USER, user_id=user_id) is None:
                 return Outcome.GONE
-            still = await conn.fetchval(
+            still = await db.fetchval(
+                conn,
                 sql.STILL_ORPHAN,
-                run.now,
-                rule.retention_hours,
-                _superadmins(rule),
-                user_id,
+                now=run.now,
+                retention_hours=rule.retention_hours,
+                superadmins=_superadmins(rule),
+                user_id=user_id,
             )
             if not still:
                 return Outcome.IN_USE
-            await conn.execute(sql.DELETE_USER, user_id)
+            await db.execute(conn, sql.DELETE_USER, user_id=user_id)
             if trail.row_id is None:
-                row_id = await conn.fetchval(sql.AUDIT_ORPHAN_PURGE, run.now, json.dumps(metadata))
+                row_id = await db.fetchval(
+                    conn, sql.AUDIT_ORPHAN_PURGE, now=run.now, metadata=json.dumps(metadata)
+                )
             else:
                 row_id = trail.row_id
-                await conn.execute(sql.UPDATE_ORPHAN_AUDIT, row_id, json.dumps(metadata))
+                await db.execute(
+                    conn, sql.UPDATE_ORPHAN_AUDIT, row_id=row_id, metadata=json.dumps(metadata)
+                )
     except _TablesBusy as exc:
         log.warning("purge.orphan_tables_busy", queue=run.queue, user_id=user_id, error=str(exc))
         return Outcome.BUSY
@@ -186,14 +192,15 @@ async def purge_orphan_users(
                 break
             cap = limits.statement_timeout_seconds
             with capped(cap, "the orphan candidate scan"):
-                rows = await conn.fetch(
+                rows = await db.fetch(
+                    conn,
                     sql.ORPHAN_CANDIDATES,
-                    run.now,
-                    rule.retention_hours,
-                    superadmins,
-                    json.dumps(passed),
-                    limits.batch_size,
                     timeout=cap,
+                    now=run.now,
+                    retention_hours=rule.retention_hours,
+                    superadmins=superadmins,
+                    passed=json.dumps(passed),
+                    limit=limits.batch_size,
                 )
             batches += 1
             if scanned is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from ...db import statements as db
 from ...db.bounded import HandlerPool
 from ...metrics import PURGE_DELETED
 from . import sql
@@ -71,7 +72,7 @@ async def _run(
 ) -> PurgeRun:
     started = time.perf_counter()
     async with pool.acquire() as conn:
-        now: datetime = await conn.fetchval(sql.READ_CLOCK)
+        now: datetime = await db.fetchval(conn, sql.READ_CLOCK)
         run = PurgeRun(queue=queue, now=now)
         try:
             await body(conn, run)
@@ -85,14 +86,15 @@ async def _run(
                 error=f"{type(exc).__name__}: {exc}",
             )
             raise
-        await conn.execute(
+        await db.execute(
+            conn,
             sql.record_run(schema),
-            queue,
-            job_id,
-            now,
-            run.deleted,
-            run.drained,
-            json.dumps({"retention": run.retention, **run.details}),
+            queue=queue,
+            job_id=job_id,
+            started_at=now,
+            deleted=run.deleted,
+            drained=run.drained,
+            details=json.dumps({"retention": run.retention, **run.details}),
         )
     emit = log.info if run.drained else log.warning
     emit(
