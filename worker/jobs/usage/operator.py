@@ -12,6 +12,7 @@ import asyncpg
 
 from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, Actor, Sender
 
+from ...db import statements as db
 from .holds import hold_reason
 from .sql import HeldStatements, render
 
@@ -45,9 +46,13 @@ class Selection:
                 raise ValueError("an empty id")
         return cls(False, tuple(events), tuple(jobs))
 
-    def args(self) -> tuple[bool, list[str], list[int]]:
-        """The three statement parameters of a selection."""
-        return self.everything, list(self.event_ids), list(self.job_ids)
+    def args(self) -> dict[str, Any]:
+        """The three statement parameters of a selection, by name."""
+        return {
+            "everything": self.everything,
+            "event_ids": list(self.event_ids),
+            "job_ids": list(self.job_ids),
+        }
 
     def missing(self, found: Iterable[str]) -> list[str]:
         """The named ids none of ``found`` matched."""
@@ -97,8 +102,11 @@ class HeldStore:
 
     async def count(self) -> int:
         """How many events are held in all."""
-        total: int = await self._sender.pool.fetchval(
-            self._sql.count_held, USAGE_QUEUE, USAGE_HELD_QUEUE
+        total: int = await db.fetchval(
+            self._sender.pool,
+            self._sql.count_held,
+            usage_queue=USAGE_QUEUE,
+            held_queue=USAGE_HELD_QUEUE,
         )
         return total
 
@@ -106,8 +114,13 @@ class HeldStore:
         self, selection: Selection = EVERYTHING, *, limit: int | None = None
     ) -> list[HeldRow]:
         """The held events (or the selected ones), next due first, at most ``limit``."""
-        rows = await self._sender.pool.fetch(
-            self._sql.list_held, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args(), limit
+        rows = await db.fetch(
+            self._sender.pool,
+            self._sql.list_held,
+            usage_queue=USAGE_QUEUE,
+            held_queue=USAGE_HELD_QUEUE,
+            limit=limit,
+            **selection.args(),
         )
         out = []
         for row in rows:
@@ -129,16 +142,23 @@ class HeldStore:
     async def redrive(self, selection: Selection, actor: Actor) -> list[str]:
         """Make the selected held events due now, with the audit row; return their ids."""
         async with self._sender.pool.acquire() as conn, conn.transaction():
-            waiting = await conn.fetch(self._sql.redrive_waiting, USAGE_QUEUE, *selection.args())
-            locked = await conn.fetch(self._sql.lock_held, USAGE_HELD_QUEUE, *selection.args())
+            waiting = await db.fetch(
+                conn, self._sql.redrive_waiting, usage_queue=USAGE_QUEUE, **selection.args()
+            )
+            locked = await db.fetch(
+                conn, self._sql.lock_held, held_queue=USAGE_HELD_QUEUE, **selection.args()
+            )
             if locked:
                 # Re-sent due now, with the usage send options, in this transaction: the held
                 # jobs are settled if and only if their events are back on the usage queue.
                 await self._sender.usage.resend(
                     [json.loads(row["data"]) for row in locked], connection=conn
                 )
-                await conn.execute(
-                    self._sql.settle_held, [row["id"] for row in locked], _name(actor)
+                await db.execute(
+                    conn,
+                    self._sql.settle_held,
+                    ids=[row["id"] for row in locked],
+                    actor=_name(actor),
                 )
             ids = [row["event_id"] for row in [*waiting, *locked]]
             await _audit(conn, self._sql, actor, "usage.redrive", ids, selection)
@@ -148,8 +168,13 @@ class HeldStore:
         """Cancel the selected held events and write the audit row, in one transaction; return
         the discarded ids."""
         async with self._sender.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                self._sql.discard, USAGE_QUEUE, USAGE_HELD_QUEUE, *selection.args(), _name(actor)
+            rows = await db.fetch(
+                conn,
+                self._sql.discard,
+                usage_queue=USAGE_QUEUE,
+                held_queue=USAGE_HELD_QUEUE,
+                actor=_name(actor),
+                **selection.args(),
             )
             ids = sorted({row["event_id"] for row in rows})
             await _audit(conn, self._sql, actor, "usage.discard", ids, selection)
@@ -172,4 +197,11 @@ async def _audit(
     metadata: dict[str, object] = {"ids": list(ids), "count": len(ids)}
     if selection.everything:
         metadata["all"] = True
-    await conn.execute(sql.audit, actor.via, actor.principal, action, json.dumps(metadata))
+    await db.execute(
+        conn,
+        sql.audit,
+        via=actor.via,
+        principal=actor.principal,
+        action=action,
+        metadata=json.dumps(metadata),
+    )
