@@ -18,6 +18,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from api_sender.jobs import STATES
+from api_sender.query import Query
 
 from .db import statements as db
 from .metrics import QUEUE_JOBS, QUEUE_OLDEST_WAITING, QUEUE_PAUSED
@@ -32,6 +33,13 @@ MIN_REFRESH_SECONDS = 5.0
 SCRAPE_WAIT_SECONDS = 0.7
 #: The count's own limit: values stay at most MIN_REFRESH_SECONDS + this old (within 15 s).
 COUNT_TIMEOUT_SECONDS = 9.0
+
+#: The count's transaction-local settings: its own statement timeout, and jit off (see the
+#: statement).
+_COUNT_SETTINGS = Query(
+    "count_settings",
+    "SELECT set_config('statement_timeout', :timeout_ms, true), set_config('jit', 'off', true)",
+).render("public")
 
 
 class QueueGauges:
@@ -87,10 +95,8 @@ class QueueGauges:
             with anyio.fail_after(self._timeout + 1.0):
                 async with pool.acquire() as conn, conn.transaction(readonly=True):
                     # statement_timeout is in milliseconds; jit off: see the statement.
-                    await conn.execute(
-                        "SELECT set_config('statement_timeout', $1, true),"
-                        " set_config('jit', 'off', true)",
-                        str(int(self._timeout * 1000)),
+                    await db.execute(
+                        conn, _COUNT_SETTINGS, timeout_ms=str(int(self._timeout * 1000))
                     )
                     rows: list[asyncpg.Record] = await db.fetch(conn, self._sql)
                     return rows

@@ -126,7 +126,7 @@ async def install_queues(
             )
         await db.execute(conn, sql.install_done, version=package_version())
         if changed:
-            await conn.execute("SELECT pg_notify($1, 'changed')", schedules_channel(schema))
+            await db.execute(conn, sql.notify_schedules, channel=schedules_channel(schema))
 
 
 async def _apply_policy(

@@ -10,11 +10,20 @@ from pathlib import Path
 import asyncpg
 import structlog
 
+from api_sender.query import Query
 from api_sender.schema import quoted
 
+from . import statements as db
 from .locks import MIGRATE, session_lock
 
 log = structlog.get_logger("worker.migrate")
+
+#: Whether the schema was ever migrated (its record table exists).
+_MIGRATED = Query("migrated", "SELECT to_regclass('{s}.schema_migration') IS NOT NULL")
+#: A migration applied, recorded in its own transaction.
+_RECORD = Query(
+    "record_migration", "INSERT INTO {s}.schema_migration (version, name) VALUES (:version, :name)"
+)
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -62,9 +71,7 @@ def latest_version(migrations: list[Migration] | None = None) -> int:
 
 async def applied_versions(conn: asyncpg.Connection, schema: str) -> dict[int, str] | None:
     """Versions recorded in the database, or ``None`` when the schema was never migrated."""
-    exists = await conn.fetchval(
-        "SELECT to_regclass($1) IS NOT NULL", f"{quoted(schema)}.schema_migration"
-    )
+    exists = await db.fetchval(conn, _MIGRATED.render(schema))
     if not exists:
         return None
     rows = await conn.fetch(f"SELECT version, name FROM {quoted(schema)}.schema_migration")
@@ -128,10 +135,11 @@ async def migrate(conn: asyncpg.Connection, schema: str, *, lock_timeout: float)
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL search_path TO {q}, public")
                     await conn.execute(migration.sql)
-                    await conn.execute(
-                        f"INSERT INTO {q}.schema_migration (version, name) VALUES ($1, $2)",
-                        migration.version,
-                        migration.name,
+                    await db.execute(
+                        conn,
+                        _RECORD.render(schema),
+                        version=migration.version,
+                        name=migration.name,
                     )
                 log.info(
                     "migrate.applied", schema=schema, version=migration.version, name=migration.name

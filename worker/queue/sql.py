@@ -482,6 +482,11 @@ SELECT (SELECT id FROM ins) AS id, EXISTS (SELECT 1 FROM moved) AS moved,
 
 DB_NOW = "SELECT now()"
 
+NOTIFY_SCHEDULES = """
+-- install: the cron schedulers of every replica re-read their schedules (delivered on commit).
+SELECT pg_notify(:channel, 'changed')
+"""
+
 COUNTS = """
 -- queues: jobs per queue and state, and the age of the oldest job waiting to run (due now).
 -- Reads no finished row, so its cost does not grow with retention: the finished states are the
@@ -569,6 +574,7 @@ class QueueStatements:
     compact_counts: Rendered
     install_done: Rendered
     install_state: Rendered
+    notify_schedules: Rendered
 
 
 #: Every consumer statement, by the name it has in :class:`QueueStatements`.
@@ -601,6 +607,7 @@ STATEMENTS: tuple[Query, ...] = (
     Query("compact_counts", COMPACT_COUNTS),
     Query("install_done", INSTALL_DONE),
     Query("install_state", INSTALL_STATE),
+    Query("notify_schedules", NOTIFY_SCHEDULES),
 )
 
 

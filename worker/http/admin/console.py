@@ -25,7 +25,9 @@ from starlette.routing import BaseRoute, Route
 
 from api_sender import Actor, InvalidArgument, JobFilter, PermissionDenied, QueueNotFound, Sender
 from api_sender.jobs import ACTION_STATES, STATES, Action, parse_cursor
+from api_sender.query import Query
 
+from ...db import statements as db
 from ...db.connections import TRANSIENT_ERRORS
 from ...jobs.usage.operator import EVERYTHING, HeldStore, Selection
 from ...state import ServiceState
@@ -41,6 +43,8 @@ log = structlog.get_logger("worker.console")
 MAX_FORM_BYTES = 16 * 1024
 #: How long the answer to "may this role DELETE?" is reused (seconds).
 RIGHTS_TTL = 60.0
+#: Whether this role may delete jobs (delete and purge need it; the api role of roles.sql may not).
+_CAN_DELETE = Query("can_delete", "SELECT has_table_privilege('{s}.job', 'DELETE')")
 VERBS = {
     "retry": "retry",
     "cancel": "cancel",
@@ -95,9 +99,7 @@ class _Rights:
     async def can_delete(self, sender: Sender) -> bool:
         if time.monotonic() - self._checked > RIGHTS_TTL:
             self._can_delete = bool(
-                await sender.pool.fetchval(
-                    "SELECT has_table_privilege($1, 'DELETE')", f'"{sender.schema}".job'
-                )
+                await db.fetchval(sender.pool, _CAN_DELETE.render(sender.schema))
             )
             self._checked = time.monotonic()
         return self._can_delete
