@@ -9,6 +9,10 @@ import anyio
 import asyncpg
 import structlog
 
+from api_sender.query import Query
+
+from . import statements as db
+
 log = structlog.get_logger("worker.db")
 
 #: Lock namespaces; the key is derived from the purpose and the schema, so the migration lock,
@@ -18,7 +22,12 @@ INSTALL = "install"
 MAINTENANCE = "maintenance"
 THROUGHPUT = "throughput"
 
-_KEY_SQL = "hashtextextended('chassis-worker:' || $1::text || ':' || $2::text, 0)"
+_KEY_SQL = "hashtextextended('chassis-worker:' || :purpose::text || ':' || :schema::text, 0)"
+_LOCK = Query("advisory_lock", f"SELECT pg_advisory_lock({_KEY_SQL})").render("public")
+_UNLOCK = Query("advisory_unlock", f"SELECT pg_advisory_unlock({_KEY_SQL})").render("public")
+_TRY_XACT_LOCK = Query(
+    "try_advisory_xact_lock", f"SELECT pg_try_advisory_xact_lock({_KEY_SQL})"
+).render("public")
 
 
 class LockTimeout(Exception):
@@ -41,7 +50,7 @@ async def session_lock(
         try:
             async with conn.transaction():
                 await conn.execute(f"SET LOCAL lock_timeout = {slice_ms}")
-                await conn.execute(f"SELECT pg_advisory_lock({_KEY_SQL})", purpose, schema)
+                await db.execute(conn, _LOCK, purpose=purpose, schema=schema)
             break
         except asyncpg.LockNotAvailableError:
             if anyio.current_time() >= deadline:
@@ -64,12 +73,10 @@ async def session_lock(
     finally:
         if not conn.is_closed():
             with anyio.CancelScope(shield=True):
-                await conn.execute(f"SELECT pg_advisory_unlock({_KEY_SQL})", purpose, schema)
+                await db.execute(conn, _UNLOCK, purpose=purpose, schema=schema)
 
 
 async def try_xact_lock(conn: asyncpg.Connection, purpose: str, schema: str) -> bool:
     """Take a transaction-level advisory lock if free (call inside a transaction)."""
-    got: bool = await conn.fetchval(
-        f"SELECT pg_try_advisory_xact_lock({_KEY_SQL})", purpose, schema
-    )
+    got: bool = await db.fetchval(conn, _TRY_XACT_LOCK, purpose=purpose, schema=schema)
     return got

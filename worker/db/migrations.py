@@ -20,6 +20,8 @@ log = structlog.get_logger("worker.migrate")
 
 #: Whether the schema was ever migrated (its record table exists).
 _MIGRATED = Query("migrated", "SELECT to_regclass('{s}.schema_migration') IS NOT NULL")
+#: The migrations a schema has.
+_RECORDED = Query("recorded_migrations", "SELECT version, name FROM {s}.schema_migration")
 #: A migration applied, recorded in its own transaction.
 _RECORD = Query(
     "record_migration", "INSERT INTO {s}.schema_migration (version, name) VALUES (:version, :name)"
@@ -74,7 +76,7 @@ async def applied_versions(conn: asyncpg.Connection, schema: str) -> dict[int, s
     exists = await db.fetchval(conn, _MIGRATED.render(schema))
     if not exists:
         return None
-    rows = await conn.fetch(f"SELECT version, name FROM {quoted(schema)}.schema_migration")
+    rows = await db.fetch(conn, _RECORDED.render(schema))
     return {row["version"]: row["name"] for row in rows}
 
 

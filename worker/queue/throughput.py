@@ -14,6 +14,7 @@ import structlog
 
 from api_sender.query import Query
 
+from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS
 from ..db.locks import THROUGHPUT, try_xact_lock
 
@@ -79,9 +80,9 @@ async def tally(conn: asyncpg.Connection, schema: str, *, forget: bool) -> int |
     async with conn.transaction():
         if not await try_xact_lock(conn, THROUGHPUT, schema):
             return None
-        written: int = await conn.fetchval(TALLY.render(schema).text)
+        written: int = await db.fetchval(conn, TALLY.render(schema))
         if forget:
-            await conn.execute(FORGET_OLD.render(schema).text)
+            await db.execute(conn, FORGET_OLD.render(schema))
     return written
 
 

@@ -8,10 +8,14 @@ from typing import Any
 
 import asyncpg
 
-from api_sender.schema import quoted
+from api_sender.query import Query
 
+from ...db import statements as db
 from ...queue.throughput import LAST_HOUR, tally
 from ...queue_report import queue_report
+
+#: Every queue by name, for the console's filter form.
+_QUEUE_NAMES = Query("queue_names", "SELECT name FROM {s}.queue ORDER BY name")
 
 
 async def queues_document(pool: asyncpg.Pool, schema: str) -> list[dict[str, Any]]:
@@ -22,7 +26,7 @@ async def queues_document(pool: asyncpg.Pool, schema: str) -> list[dict[str, Any
 
 async def queue_names(pool: asyncpg.Pool, schema: str) -> list[str]:
     """Every installed queue's name, for the filter form (no counting)."""
-    rows = await pool.fetch(f"SELECT name FROM {quoted(schema)}.queue ORDER BY name")
+    rows = await db.fetch(pool, _QUEUE_NAMES.render(schema))
     return [row["name"] for row in rows]
 
 
@@ -44,13 +48,13 @@ STALE_TALLY_SECONDS = 120.0
 async def throughput(pool: asyncpg.Pool, schema: str) -> list[Minute]:
     """The last 60 minutes, oldest first, every minute present (zeros where nothing finished),
     from the per-minute tally (worker/queue/throughput.py)."""
-    last_hour = LAST_HOUR.render(schema).text
+    last_hour = LAST_HOUR.render(schema)
     async with pool.acquire() as conn:
-        rows = await conn.fetch(last_hour)
+        rows = await db.fetch(conn, last_hour)
         age = rows[-1]["newest_age"] if rows else None
         stale = age is None or age.total_seconds() > STALE_TALLY_SECONDS
         if stale and await tally(conn, schema, forget=False):
-            rows = await conn.fetch(last_hour)
+            rows = await db.fetch(conn, last_hour)
         now_minute = rows[0]["now_minute"] if rows else None
         if now_minute is None:
             now_minute = await conn.fetchval("SELECT date_trunc('minute', now())")
