@@ -59,7 +59,11 @@ BEGIN
             RAISE EXCEPTION 'give at most one of start_after and start_at'
                 USING ERRCODE = '22023', COLUMN = 'start_at';
         END IF;
-        IF NOT (start_at >= '0001-01-01 00:00:00+00' AND start_at < '10000-01-01 00:00:00+00') THEN
+        -- A finite instant in years 1-9999 (UTC) as in Python; -infinity and infinity pass, as
+        -- asyncpg sends Python's datetime.min and datetime.max.
+        IF isfinite(start_at)
+           AND NOT (start_at >= '0001-01-01 00:00:00+00' AND start_at < '10000-01-01 00:00:00+00')
+        THEN
             RAISE EXCEPTION 'start_at must fall between 0001-01-01 and 9999-12-31 (UTC)'
                 USING ERRCODE = '22023', COLUMN = 'start_at';
         END IF;
@@ -269,7 +273,9 @@ BEGIN
         RAISE EXCEPTION 'queue must be a non-empty string'
             USING ERRCODE = '22023', COLUMN = 'queue';
     END IF;
-    IF at IS NULL OR NOT (at >= '0001-01-01 00:00:00+00' AND at < '10000-01-01 00:00:00+00') THEN
+    IF at IS NULL OR (isfinite(at)
+                      AND NOT (at >= '0001-01-01 00:00:00+00' AND at < '10000-01-01 00:00:00+00'))
+    THEN
         RAISE EXCEPTION 'at must be an instant between 0001-01-01 and 9999-12-31 (UTC)'
             USING ERRCODE = '22023', COLUMN = 'at';
     END IF;
