@@ -72,8 +72,9 @@ BEGIN
     IF start_after IS NULL THEN
         RETURN now();
     END IF;
-    -- 0 to 100 years of 365.25 days (api_sender.options.MAX_START_AFTER_SECONDS).
-    IF start_after < interval '0' OR start_after > interval '3155760000 seconds' THEN
+    -- 0 to 100 years of 365.25 days (api_sender.options.MAX_START_AFTER_SECONDS), reading
+    -- the interval as extract(epoch) does: a year of 365.25 days, a month of 30.
+    IF extract(epoch FROM start_after) NOT BETWEEN 0 AND 3155760000 THEN
         RAISE EXCEPTION 'start_after must be between 0 and 3155760000 seconds (100 years)'
             USING ERRCODE = '22023', COLUMN = 'start_after';
     END IF;
