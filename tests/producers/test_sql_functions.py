@@ -101,6 +101,7 @@ async def test_notify_is_transactional_and_carries_the_queue_only_when_due(conn,
     queue name for a job due now, an empty payload for a later one (as api_sender's)."""
     received: list[str] = []
     async with pool.acquire() as listener:
+
         def heard(*args: object) -> None:
             received.append(str(args[3]))
 
@@ -219,8 +220,11 @@ BAD_CALLS: list[tuple[str, str, str]] = [
     ("SELECT jobs.cancel_timer('q', NULL)", "22023", "key"),
     ("SELECT jobs.cancel_timer('', 'k')", "22023", "queue"),
     ("SELECT jobs.emit_usage(NULL)", "22023", "(event)"),
-    ("""SELECT jobs.emit_usage('{"meter": "m", "quantity": -1, "workspace_id": "w"}')""",
-     "22023", "quantity"),
+    (
+        """SELECT jobs.emit_usage('{"meter": "m", "quantity": -1, "workspace_id": "w"}')""",
+        "22023",
+        "quantity",
+    ),
 ]
 
 
