@@ -8,7 +8,7 @@ from typing import Any, Self, TypeAlias
 
 import asyncpg
 
-from .errors import InvalidJob, sender_error
+from .errors import InvalidJob, raise_sender_error
 from .jobs import JobsApi
 from .options import SendOptions, StartAfter, check_text, encode_all, encode_data
 from .pool import create_pool
@@ -138,7 +138,7 @@ class Sender:
                 self._sql.send, queue, payload, *options.args()
             )
         except asyncpg.PostgresError as exc:
-            raise sender_error(exc, queue=queue, schema=self.schema) or exc
+            raise_sender_error(exc, queue=queue, schema=self.schema)
         return job_id
 
     async def send_many(
@@ -198,7 +198,7 @@ class Sender:
                 self._sql.send_many, queue, payloads, *options.args(), keys
             )
         except asyncpg.PostgresError as exc:
-            raise sender_error(exc, queue=queue, schema=self.schema) or exc
+            raise_sender_error(exc, queue=queue, schema=self.schema)
         return list(ids)
 
 

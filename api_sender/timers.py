@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from .errors import InvalidJob, sender_error
+from .errors import InvalidJob, raise_sender_error
 from .options import check_text, encode_data, split_start_after
 from .producer import Producer
 
@@ -49,7 +49,7 @@ class Timers:
                 self._sender.statements.send_timer, queue, payload, key, instant, delay
             )
         except asyncpg.PostgresError as exc:
-            raise sender_error(exc, queue=queue, schema=self._sender.schema) or exc
+            raise_sender_error(exc, queue=queue, schema=self._sender.schema)
         return job_id
 
     async def cancel(
@@ -66,5 +66,5 @@ class Timers:
         try:
             cancelled = await executor.fetchval(self._sender.statements.cancel_timer, queue, key)
         except asyncpg.PostgresError as exc:
-            raise sender_error(exc, queue=queue, schema=self._sender.schema) or exc
+            raise_sender_error(exc, queue=queue, schema=self._sender.schema)
         return bool(cancelled)

@@ -9,6 +9,7 @@ import json
 import shutil
 import uuid
 from collections.abc import AsyncIterator
+
 import asyncpg
 import pytest
 
@@ -82,7 +83,8 @@ async def test_send_many_returns_ids_in_order_and_leaves_refused_keys_out(conn) 
         "SELECT jobs.send_many('q', ARRAY['{\"n\": 1}', '{\"n\": 2}', NULL]::jsonb[],"
         " priority => 2)"
     )
-    assert len(ids) == 3 and ids == sorted(ids)
+    assert len(ids) == 3
+    assert ids == sorted(ids)
     rows = await conn.fetch(
         "SELECT data::text, priority FROM jobs.job WHERE id = ANY($1) ORDER BY id", ids
     )
