@@ -146,7 +146,8 @@ $fn$;
 
 -- Many jobs of one queue, all or none, one NOTIFY; their ids in order. singleton_keys, when
 -- given, has one entry per item (NULL: the shared singleton_key); on short and stately queues a
--- refused key is left out of the ids.
+-- refused key is left out of the ids. (A LANGUAGE sql version, which spares plpgsql's copy of
+-- the array argument, measured no faster on 20,000 items and re-plans at every call.)
 CREATE OR REPLACE FUNCTION @s@.send_many(
     queue text,
     data jsonb[],
