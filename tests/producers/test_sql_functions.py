@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -19,6 +19,7 @@ from tests.deploy.test_roles import Roles, apply_roles, as_role, refused
 from tests.support.counts import reported_counts
 from tests.support.postgres import create_database, drop_database, with_database
 from tests.support.queues import make_queue
+from tests.support.tools import require_tool
 
 #: A JSON event the usage function accepts.
 EVENT = '{"meter": "api.calls", "quantity": 1, "workspace_id": "w1"}'
@@ -315,15 +316,13 @@ async def roles_db(roles: Roles, admin_url: str, template_name: str) -> AsyncIte
         await drop_database(admin_url, name)
 
 
-@pytest.mark.skipif(shutil.which("psql") is None, reason="psql (postgresql-client) needed")
 async def test_the_api_role_calls_every_function_yet_cannot_create_or_delete(
     roles_db: str, admin_url: str, roles: Roles
 ) -> None:
     """With only what config/roles.sql grants, the api role sends, sends many, schedules and
     cancels timers and emits usage through the functions (and through Sender, which calls
     them), yet still cannot CREATE or DELETE."""
-    from urllib.parse import urlsplit
-
+    require_tool("psql", "postgresql-client")
     apply_roles(admin_url, roles, dbname=urlsplit(roles_db).path.lstrip("/"))
     api = await asyncpg.connect(as_role(roles_db, roles.api))
     try:
