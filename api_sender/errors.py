@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 
 class SenderError(Exception):
     """Base class of every error ``api_sender`` raises on purpose."""
@@ -46,3 +48,38 @@ class PermissionDenied(SenderError):
             "(config/roles.sql)"
         )
         self.action = action
+
+
+#: The SQLSTATEs the SQL functions of migration 0007 raise on purpose (contract section 11).
+SQLSTATE_QUEUE_NOT_FOUND = "P0002"
+SQLSTATE_INVALID_ARGUMENT = "22023"
+
+
+def sender_error(exc: BaseException, *, queue: str, schema: str) -> SenderError | None:
+    """The producer exception for a database error the enqueue functions raised on purpose, or
+    ``None`` for any other error (re-raise that one as it is).
+
+    P0002 (the queue is not installed) is :class:`QueueNotFound` for ``queue``; 22023 (an
+    invalid argument) is :class:`InvalidJob` with the function's message and, as ``field``, the
+    name it put in the error's COLUMN field. Works for asyncpg's errors (``sqlstate``,
+    ``message``, ``column_name``) and psycopg 3's (``sqlstate``, ``diag.message_primary``,
+    ``diag.column_name``) alike, so every driver maps them the same way.
+    """
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate == SQLSTATE_QUEUE_NOT_FOUND:
+        return QueueNotFound(queue, schema)
+    if sqlstate == SQLSTATE_INVALID_ARGUMENT:
+        diag = getattr(exc, "diag", None)
+        message = getattr(exc, "message", None) or getattr(diag, "message_primary", None)
+        field = getattr(exc, "column_name", None) or getattr(diag, "column_name", None)
+        return InvalidJob(str(message or exc), field)
+    return None
+
+
+def raise_sender_error(exc: BaseException, *, queue: str, schema: str) -> NoReturn:
+    """Raise :func:`sender_error`'s exception for ``exc`` (caused by it), else ``exc`` itself:
+    ``except asyncpg.PostgresError as exc: raise_sender_error(exc, queue=q, schema=s)``."""
+    error = sender_error(exc, queue=queue, schema=schema)
+    if error is None:
+        raise exc
+    raise error from exc

@@ -8,7 +8,7 @@ from typing import Any, Self, TypeAlias
 
 import asyncpg
 
-from .errors import InvalidJob, QueueNotFound
+from .errors import InvalidJob, raise_sender_error
 from .jobs import JobsApi
 from .options import SendOptions, StartAfter, check_text, encode_all, encode_data
 from .pool import create_pool
@@ -133,11 +133,12 @@ class Sender:
         check_text("queue", queue, optional=False)
         payload = encode_data(data)
         executor: Executor = connection if connection is not None else self._pool
-        row = await executor.fetchrow(self._sql.send, queue, payload, *options.args())
-        assert row is not None
-        if not row["queue_found"]:
-            raise QueueNotFound(queue, self.schema)
-        job_id: int | None = row["id"]
+        try:
+            job_id: int | None = await executor.fetchval(
+                self._sql.send, queue, payload, *options.args()
+            )
+        except asyncpg.PostgresError as exc:
+            raise_sender_error(exc, queue=queue, schema=self.schema)
         return job_id
 
     async def send_many(
@@ -192,11 +193,13 @@ class Sender:
         if not payloads:
             return []
         executor: Executor = connection if connection is not None else self._pool
-        row = await executor.fetchrow(self._sql.send_many, queue, payloads, *options.args(), keys)
-        assert row is not None
-        if not row["queue_found"]:
-            raise QueueNotFound(queue, self.schema)
-        return list(row["ids"])
+        try:
+            ids = await executor.fetchval(
+                self._sql.send_many, queue, payloads, *options.args(), keys
+            )
+        except asyncpg.PostgresError as exc:
+            raise_sender_error(exc, queue=queue, schema=self.schema)
+        return list(ids)
 
 
 class _Connecting:

@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from .errors import InvalidJob, QueueNotFound
+from .errors import InvalidJob, raise_sender_error
 from .options import check_text, encode_data, split_start_after
 from .producer import Producer
 
@@ -43,45 +43,13 @@ class Timers:
             delay, instant = split_start_after(delay_seconds, "delay_seconds")
         check_text("key", key)
         payload = encode_data(data)
-        if connection is not None:
-            return await self._replace(connection, queue, payload, key, instant, delay)
-        async with self._sender.pool.acquire() as conn:
-            return await self._replace(conn, queue, payload, key, instant, delay)
-
-    async def _replace(
-        self,
-        conn: asyncpg.Connection,
-        queue: str,
-        payload: str,
-        key: str | None,
-        instant: datetime | None,
-        delay: float | None,
-    ) -> int:
-        if key is None:
-            return await self._schedule_on(conn, queue, payload, None, instant, delay)
-        # A savepoint when the caller is already in a transaction: the key lock then lasts
-        # until the caller's commit, which is what makes the replace atomic.
-        async with conn.transaction():
-            return await self._schedule_on(conn, queue, payload, key, instant, delay)
-
-    async def _schedule_on(
-        self,
-        conn: asyncpg.Connection,
-        queue: str,
-        payload: str,
-        key: str | None,
-        instant: datetime | None,
-        delay: float | None,
-    ) -> int:
-        sql = self._sender.statements
-        if key is not None:
-            await conn.execute(sql.lock_timer_key, queue, key)
-            await conn.execute(sql.cancel_timer, queue, key)
-        row = await conn.fetchrow(sql.send_timer, queue, payload, key, instant, delay)
-        assert row is not None
-        if not row["queue_found"]:
-            raise QueueNotFound(queue, self._sender.schema)
-        job_id: int = row["id"]
+        executor = connection if connection is not None else self._sender.pool
+        try:
+            job_id: int = await executor.fetchval(
+                self._sender.statements.send_timer, queue, payload, key, instant, delay
+            )
+        except asyncpg.PostgresError as exc:
+            raise_sender_error(exc, queue=queue, schema=self._sender.schema)
         return job_id
 
     async def cancel(
@@ -95,5 +63,8 @@ class Timers:
         check_text("queue", queue, optional=False)
         check_text("key", key, optional=False)
         executor = connection if connection is not None else self._sender.pool
-        rows = await executor.fetch(self._sender.statements.cancel_timer, queue, key)
-        return bool(rows)
+        try:
+            cancelled = await executor.fetchval(self._sender.statements.cancel_timer, queue, key)
+        except asyncpg.PostgresError as exc:
+            raise_sender_error(exc, queue=queue, schema=self._sender.schema)
+        return bool(cancelled)

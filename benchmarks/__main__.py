@@ -63,6 +63,9 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     progress(f"{facts}; pgqueuer {pgq_version} in {peer.VENV.relative_to(peer.PEERS.parent)}")
     many, chunked, p50s, p99s = [], [], [], []
     peer_chunked, peer50, peer99, floor50, floor99 = [], [], [], [], []
+    sql50: list[float] = []
+    sql99: list[float] = []
+    sql_many: list[float] = []
     ours, theirs, ratios, rss = [], [], [], []
     pick50, pick99, commits, wal = [], [], [], []
     peer_pick50: list[float] = []
@@ -77,6 +80,15 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         p50s.append(p50)
         p99s.append(p99)
         progress(f"run {run + 1}: send p50 {p50:.3f} ms, p99 {p99:.3f} ms")
+        s50, s99 = await surviving_restarts(enqueue.sql_send_latency)
+        sql50.append(s50)
+        sql99.append(s99)
+        sql_one, _ = await surviving_restarts(enqueue.sql_send_many_rate)
+        sql_many.append(sql_one)
+        progress(
+            f"run {run + 1}: SELECT jobs.send p50 {s50:.3f} ms, p99 {s99:.3f} ms;"
+            f" jobs.send_many {sql_one:,.0f} jobs/s"
+        )
         theirs_send = await surviving_restarts(lambda: peer.pgqueuer_send(enqueue.SINGLE_SENDS))
         peer_chunked.append(theirs_send.chunked)
         peer50.append(theirs_send.p50_ms)
@@ -180,6 +192,32 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         ),
         _info("floor: one-row INSERT p50 (a bare table, one connection)", floor50, "ms", digits=3),
         _info("floor: one-row INSERT p99", floor99, "ms", digits=3),
+        measured(
+            "send p50 / floor p50",
+            _ratios(p50s, floor50),
+            "x",
+            "<= 1.3x",
+            lambda v: v <= 1.3,
+            digits=2,
+        ),
+        _info("SELECT jobs.send p50 (SQL function, asyncpg, in sequence)", sql50, "ms", digits=3),
+        _info("SELECT jobs.send p99", sql99, "ms", digits=3),
+        measured(
+            "SELECT jobs.send p50 / floor p50",
+            _ratios(sql50, floor50),
+            "x",
+            "<= 1.3x",
+            lambda v: v <= 1.3,
+            digits=2,
+        ),
+        measured(
+            "jobs.send_many 20,000 in one call / Sender.send_many",
+            _ratios(sql_many, many),
+            "x",
+            ">= 0.9x",
+            lambda v: v >= 0.9,
+            digits=2,
+        ),
         measured(
             f"drain 60,000 no-op jobs, one worker ({drain.SETTINGS})",
             ours,

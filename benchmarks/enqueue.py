@@ -1,7 +1,9 @@
-"""Producer figures: ``send_many`` throughput and single ``send`` latency."""
+"""Producer figures: ``send_many`` throughput and single ``send`` latency, through ``Sender`` and
+through the SQL functions (``SELECT jobs.send(...)``) over a bare asyncpg connection."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import asyncpg
@@ -79,3 +81,46 @@ async def commit_floor() -> tuple[float, float]:
         finally:
             await conn.close()
     return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+
+
+async def sql_send_latency() -> tuple[float, float]:
+    """p50 and p99 (ms) of 5,000 ``SELECT jobs.send(queue, data)`` on one asyncpg connection,
+    timed as :func:`single_send_latency`: the SQL function any client calls (contract 11)."""
+    async with scratch_database("sql_send") as url:
+        await install_queues(url, DRAIN)
+        conn = await asyncpg.connect(url)
+        try:
+            send = "SELECT jobs.send($1, $2::text::jsonb)"
+            for i in range(SINGLE_WARMUP):
+                await conn.fetchval(send, DRAIN_QUEUE, f'{{"n": {i}}}')
+            samples = []
+            for i in range(SINGLE_SENDS):
+                started = time.perf_counter()
+                await conn.fetchval(send, DRAIN_QUEUE, f'{{"n": {i}}}')
+                samples.append(time.perf_counter() - started)
+        finally:
+            await conn.close()
+    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+
+
+async def sql_send_many_rate() -> tuple[float, float]:
+    """Jobs/s of 20,000 jobs in one ``SELECT jobs.send_many(queue, data[])``, then in 20 calls
+    of 1,000, each on a fresh database after a 10-job warm-up, as :func:`send_many_rate`."""
+    payloads = [json.dumps({"n": i, "kind": "bench"}) for i in range(SEND_MANY_JOBS)]
+    send_many = "SELECT jobs.send_many($1, $2::text[]::jsonb[])"
+    rates = []
+    for chunk in (SEND_MANY_JOBS, SEND_MANY_CHUNK):
+        async with scratch_database("sql_send_many") as url:
+            await install_queues(url, DRAIN)
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.fetchval(send_many, DRAIN_QUEUE, payloads[:10])
+                started = time.perf_counter()
+                for i in range(0, SEND_MANY_JOBS, chunk):
+                    ids = await conn.fetchval(send_many, DRAIN_QUEUE, payloads[i : i + chunk])
+                    assert len(ids) == min(chunk, SEND_MANY_JOBS - i)
+                elapsed = time.perf_counter() - started
+            finally:
+                await conn.close()
+        rates.append(SEND_MANY_JOBS / elapsed)
+    return rates[0], rates[1]

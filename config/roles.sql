@@ -152,6 +152,13 @@ ALTER DEFAULT PRIVILEGES FOR ROLE :"worker_role" IN SCHEMA :"jobs_schema"
     GRANT SELECT, INSERT, UPDATE ON TABLES TO :"api_role";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"worker_role" IN SCHEMA :"jobs_schema"
     GRANT USAGE ON SEQUENCES TO :"api_role";
+-- The enqueue functions of migration 0007 (contract section 11: send, send_many, emit_usage,
+-- schedule_timer, cancel_timer and the helpers they call). SECURITY INVOKER: they run with the
+-- api role's own rights, so EXECUTE adds no power beyond the grants above. Default privileges
+-- cover an install after this run.
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA :"jobs_schema" TO :"api_role";
+ALTER DEFAULT PRIVILEGES FOR ROLE :"worker_role" IN SCHEMA :"jobs_schema"
+    GRANT EXECUTE ON FUNCTIONS TO :"api_role";
 
 -- The worker role in schema public: create the chassis tables when absent (migration 0002), and
 -- read and write the ones an app already owns (the purges delete, the key sweep updates, the
