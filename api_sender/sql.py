@@ -1,14 +1,13 @@
-"""Named SQL statements of the producer side, rendered once per queue schema.
+"""Named SQL statements of the producer side (the :class:`~api_sender.query.Query` convention).
 
-Every statement takes the data as JSON text (``$n::text::jsonb``) and returns ids and JSON as
-plain values, so they work on any asyncpg pool whatever type codecs its owner installed.
+Every statement takes the data as JSON text (``:data::text::jsonb``) and returns ids and JSON as
+plain values, so they work on any driver (asyncpg, psycopg 3, SQLAlchemy, Django) whatever type
+codecs its owner installed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .schema import notify_channel, quoted
+from .query import Query
 
 # Shared by send and send_many: the job takes the queue's retry policy unless the caller overrides
 # it, and its policy is copied so the singleton indexes need no join. ON CONFLICT DO NOTHING (no
@@ -17,34 +16,41 @@ _INSERT_COLUMNS = """
     queue, policy, data, priority, singleton_key, start_after,
     retry_limit, retry_delay, retry_backoff, expire_seconds"""
 
-_SEND = """
+SEND = Query(
+    "send",
+    f"""
 -- send: one job. The NOTIFY is transactional (delivered on commit, dropped on rollback) and
 -- carries only the queue name when the job is due now; a job due later sends an empty payload,
 -- which makes listening workers re-read when the next job is due (timers fire on time).
 WITH q AS (
     SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
-    FROM {s}.queue WHERE name = $1
+    FROM {{s}}.queue WHERE name = :queue
 ), ins AS (
-    INSERT INTO {s}.job ({cols})
-    SELECT q.name, q.policy, $2::text::jsonb, $3::int, $4::text,
-           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
-           COALESCE($7::int, q.retry_limit), COALESCE($8::int, q.retry_delay),
-           COALESCE($9::bool, q.retry_backoff), COALESCE($10::int, q.expire_seconds)
+    INSERT INTO {{s}}.job ({_INSERT_COLUMNS})
+    SELECT q.name, q.policy, :data::text::jsonb, :priority::int, :singleton_key::text,
+           COALESCE(:at::timestamptz, now() + make_interval(secs => COALESCE(:delay::float8, 0))),
+           COALESCE(:retry_limit::int, q.retry_limit),
+           COALESCE(:retry_delay::int, q.retry_delay),
+           COALESCE(:retry_backoff::bool, q.retry_backoff),
+           COALESCE(:expire_seconds::int, q.expire_seconds)
     FROM q
     ON CONFLICT DO NOTHING
     RETURNING id, start_after <= now() AS due
 ), note AS (
-    SELECT pg_notify('{channel}', CASE WHEN ins.due THEN $1 ELSE '' END) FROM ins
+    SELECT pg_notify('{{channel}}', CASE WHEN ins.due THEN :queue ELSE '' END) FROM ins
 )
 SELECT (SELECT id FROM ins) AS id,
        EXISTS (SELECT 1 FROM q) AS queue_found,
        (SELECT count(*) FROM note) AS notified
-"""
+""",
+)
 
-_SEND_MANY = """
+SEND_MANY = Query(
+    "send_many",
+    f"""
 -- send_many: many jobs of one queue in one statement (one round trip, one NOTIFY, as in send),
--- so a batch is enqueued all or nothing. $11 optionally gives each item its own singleton key (a
--- NULL array pads every item with NULL, which falls back to the shared key $4).
+-- so a batch is enqueued all or nothing. :keys optionally gives each item its own singleton key
+-- (a NULL array pads every item with NULL, which falls back to the shared key :singleton_key).
 -- Everything the jobs share (due time, retry policy, expiry) is worked out once, in q; each row
 -- adds only its data and key. Two INSERTs, of which only the one matching the queue's policy
 -- gets rows: on short/stately queues ON CONFLICT DO NOTHING lets job_policy_queued refuse a
@@ -54,42 +60,47 @@ _SEND_MANY = """
 -- policy must extend the first branch.
 WITH q AS (
     SELECT name, policy,
-           COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0)))
+           COALESCE(:at::timestamptz, now() + make_interval(secs => COALESCE(:delay::float8, 0)))
                AS start_after,
-           COALESCE($7::int, retry_limit) AS retry_limit,
-           COALESCE($8::int, retry_delay) AS retry_delay,
-           COALESCE($9::bool, retry_backoff) AS retry_backoff,
-           COALESCE($10::int, expire_seconds) AS expire_seconds
-    FROM {s}.queue WHERE name = $1
+           COALESCE(:retry_limit::int, retry_limit) AS retry_limit,
+           COALESCE(:retry_delay::int, retry_delay) AS retry_delay,
+           COALESCE(:retry_backoff::bool, retry_backoff) AS retry_backoff,
+           COALESCE(:expire_seconds::int, expire_seconds) AS expire_seconds
+    FROM {{s}}.queue WHERE name = :queue
 ), keyed AS (
-    INSERT INTO {s}.job ({cols})
-    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text), q.start_after,
+    INSERT INTO {{s}}.job ({_INSERT_COLUMNS})
+    SELECT q.name, q.policy, d.data::jsonb, :priority::int,
+           COALESCE(d.key, :singleton_key::text), q.start_after,
            q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
-    FROM q, unnest($2::text[], $11::text[]) WITH ORDINALITY AS d(data, key, n)
+    FROM q, unnest(:items::text[], :keys::text[]) WITH ORDINALITY AS d(data, key, n)
     WHERE q.policy IN ('short', 'stately')
     ORDER BY d.n
     ON CONFLICT DO NOTHING
     RETURNING id
 ), plain AS (
-    INSERT INTO {s}.job ({cols})
-    SELECT q.name, q.policy, d.data::jsonb, $3::int, COALESCE(d.key, $4::text), q.start_after,
+    INSERT INTO {{s}}.job ({_INSERT_COLUMNS})
+    SELECT q.name, q.policy, d.data::jsonb, :priority::int,
+           COALESCE(d.key, :singleton_key::text), q.start_after,
            q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds
-    FROM q, unnest($2::text[], $11::text[]) WITH ORDINALITY AS d(data, key, n)
+    FROM q, unnest(:items::text[], :keys::text[]) WITH ORDINALITY AS d(data, key, n)
     WHERE q.policy NOT IN ('short', 'stately')
     ORDER BY d.n
     RETURNING id
 ), ins AS (
     SELECT id FROM keyed UNION ALL SELECT id FROM plain
 ), note AS (
-    SELECT pg_notify('{channel}', CASE WHEN q.start_after <= now() THEN $1 ELSE '' END)
+    SELECT pg_notify('{{channel}}', CASE WHEN q.start_after <= now() THEN :queue ELSE '' END)
     FROM q WHERE EXISTS (SELECT 1 FROM ins)
 )
 SELECT EXISTS (SELECT 1 FROM q) AS queue_found,
        ARRAY(SELECT id FROM ins ORDER BY id) AS ids,
        (SELECT count(*) FROM note) AS notified
-"""
+""",
+)
 
-_CANCEL_TIMER = """
+CANCEL_TIMER = Query(
+    "cancel_timer",
+    """
 -- timers.cancel (and the first half of a replace): the timer of (queue, key) that has not
 -- finished, if any, becomes cancelled, whether it waits (created, retry) or runs (active). A
 -- running one keeps running to its end, but every outcome its worker writes (complete, fail,
@@ -102,55 +113,42 @@ _CANCEL_TIMER = """
 -- before), active through job_active (the small running set); "state <= 'active'" matches no
 -- partial index and reads the whole table.
 UPDATE {s}.job SET state = 'cancelled', completed_at = now()
-WHERE queue = $1 AND singleton_key = $2 AND is_timer
+WHERE queue = :queue AND singleton_key = :key AND is_timer
   AND (state = 'created' OR state = 'retry' OR state = 'active')
 RETURNING id
-"""
+""",
+)
 
-_LOCK_TIMER_KEY = """
--- timers.schedule: serialise replaces of one (queue, key) for the rest of the transaction.
-SELECT pg_advisory_xact_lock(hashtextextended('{s}:timer:' || $1 || ':' || $2, 0))
-"""
+LOCK_TIMER_KEY = Query(
+    "lock_timer_key",
+    """
+-- timers.schedule: serialise replaces of one (queue, key) for the rest of the transaction. The
+-- lock key is the quoted schema, 'timer', the queue and the key joined by colons (concat_ws, as
+-- a colon before a word in the text of a literal would read as a parameter).
+SELECT pg_advisory_xact_lock(
+    hashtextextended(concat_ws(':', '{s}', 'timer', :queue::text, :key::text), 0))
+""",
+)
 
-_SEND_TIMER = """
+SEND_TIMER = Query(
+    "send_timer",
+    f"""
 -- timers.schedule: the new keyed timer, due at an instant or after a delay (database clock).
 WITH q AS (
     SELECT name, policy, retry_limit, retry_delay, retry_backoff, expire_seconds
-    FROM {s}.queue WHERE name = $1
+    FROM {{s}}.queue WHERE name = :queue
 ), ins AS (
-    INSERT INTO {s}.job ({cols}, is_timer)
-    SELECT q.name, 'standard', $2::text::jsonb, 0, $3::text,
-           COALESCE($4::timestamptz, now() + make_interval(secs => COALESCE($5::float8, 0))),
-           q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds, $3::text IS NOT NULL
+    INSERT INTO {{s}}.job ({_INSERT_COLUMNS}, is_timer)
+    SELECT q.name, 'standard', :data::text::jsonb, 0, :key::text,
+           COALESCE(:at::timestamptz, now() + make_interval(secs => COALESCE(:delay::float8, 0))),
+           q.retry_limit, q.retry_delay, q.retry_backoff, q.expire_seconds, :key::text IS NOT NULL
     FROM q
     RETURNING id, start_after <= now() AS due
 ), note AS (
-    SELECT pg_notify('{channel}', CASE WHEN ins.due THEN $1 ELSE '' END) FROM ins
+    SELECT pg_notify('{{channel}}', CASE WHEN ins.due THEN :queue ELSE '' END) FROM ins
 )
 SELECT (SELECT id FROM ins) AS id,
        EXISTS (SELECT 1 FROM q) AS queue_found,
        (SELECT count(*) FROM note) AS notified
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class SenderStatements:
-    """The producer's statements for one schema."""
-
-    send: str
-    send_many: str
-    cancel_timer: str
-    lock_timer_key: str
-    send_timer: str
-
-
-def render(schema: str) -> SenderStatements:
-    """Render every producer statement for ``schema`` (validated and quoted)."""
-    values = {"s": quoted(schema), "channel": notify_channel(schema), "cols": _INSERT_COLUMNS}
-    return SenderStatements(
-        send=_SEND.format(**values),
-        send_many=_SEND_MANY.format(**values),
-        cancel_timer=_CANCEL_TIMER.format(**values),
-        lock_timer_key=_LOCK_TIMER_KEY.format(**values),
-        send_timer=_SEND_TIMER.format(**values),
-    )
+""",
+)

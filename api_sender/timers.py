@@ -3,97 +3,62 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
-import asyncpg
+from . import operations
+from .producer import AsyncProducer, SyncProducer
 
-from .errors import InvalidJob, QueueNotFound
-from .options import check_text, encode_data, split_start_after
-from .producer import Producer
+
+class TimerKwargs(TypedDict, total=False):
+    """When a timer is due (exactly one of ``at`` and ``delay_seconds``), its data and key."""
+
+    at: datetime | None
+    delay_seconds: float | None
+    data: Any
+    key: str | None
 
 
 class Timers:
     """``sender.timers``: schedule and cancel one-off timers on a declared queue."""
 
-    def __init__(self, sender: Producer) -> None:
+    def __init__(self, sender: AsyncProducer) -> None:
         self._sender = sender
 
     async def schedule(
-        self,
-        queue: str,
-        *,
-        at: datetime | None = None,
-        delay_seconds: float | None = None,
-        data: Any = None,
-        key: str | None = None,
-        connection: asyncpg.Connection | None = None,
+        self, queue: str, *, connection: object | None = None, **timer: Unpack[TimerKwargs]
     ) -> int:
-        """Schedule a timer at ``at`` (or after ``delay_seconds``) and return its job id.
+        """Schedule a timer ``at`` an aware datetime (or after ``delay_seconds``), carrying
+        ``data``, and return its job id.
 
         With ``key``, the timer with that key on that queue that has not finished (waiting, or
         running right now) is cancelled in the same transaction: however many replace one key at
         once, exactly one stays pending, and a replaced timer never runs again.
         """
-        if (at is None) == (delay_seconds is None):
-            raise InvalidJob("give exactly one of at= and delay_seconds=", "at")
-        check_text("queue", queue, optional=False)
-        if at is not None:
-            delay, instant = split_start_after(at, "at")
-        else:
-            delay, instant = split_start_after(delay_seconds, "delay_seconds")
-        check_text("key", key)
-        payload = encode_data(data)
-        if connection is not None:
-            return await self._replace(connection, queue, payload, key, instant, delay)
-        async with self._sender.pool.acquire() as conn:
-            return await self._replace(conn, queue, payload, key, instant, delay)
+        op = operations.schedule_timer(self._sender.schema, queue, **timer)
+        return await self._sender.run(op, connection)
 
-    async def _replace(
-        self,
-        conn: asyncpg.Connection,
-        queue: str,
-        payload: str,
-        key: str | None,
-        instant: datetime | None,
-        delay: float | None,
-    ) -> int:
-        if key is None:
-            return await self._schedule_on(conn, queue, payload, None, instant, delay)
-        # A savepoint when the caller is already in a transaction: the key lock then lasts
-        # until the caller's commit, which is what makes the replace atomic.
-        async with conn.transaction():
-            return await self._schedule_on(conn, queue, payload, key, instant, delay)
-
-    async def _schedule_on(
-        self,
-        conn: asyncpg.Connection,
-        queue: str,
-        payload: str,
-        key: str | None,
-        instant: datetime | None,
-        delay: float | None,
-    ) -> int:
-        sql = self._sender.statements
-        if key is not None:
-            await conn.execute(sql.lock_timer_key, queue, key)
-            await conn.execute(sql.cancel_timer, queue, key)
-        row = await conn.fetchrow(sql.send_timer, queue, payload, key, instant, delay)
-        assert row is not None
-        if not row["queue_found"]:
-            raise QueueNotFound(queue, self._sender.schema)
-        job_id: int = row["id"]
-        return job_id
-
-    async def cancel(
-        self, queue: str, key: str, *, connection: asyncpg.Connection | None = None
-    ) -> bool:
+    async def cancel(self, queue: str, key: str, *, connection: object | None = None) -> bool:
         """Cancel the timer ``key`` on ``queue``; ``False`` when none was pending.
 
         Pending means not finished: a timer that is running is cancelled too (its handler runs
         to its end, but it is never retried or run again), as a replace would.
         """
-        check_text("queue", queue, optional=False)
-        check_text("key", key, optional=False)
-        executor = connection if connection is not None else self._sender.pool
-        rows = await executor.fetch(self._sender.statements.cancel_timer, queue, key)
-        return bool(rows)
+        return await self._sender.run(operations.cancel_timer(queue, key), connection)
+
+
+class SyncTimers:
+    """``sync_sender.timers``: :class:`Timers` for the synchronous sender."""
+
+    def __init__(self, sender: SyncProducer) -> None:
+        self._sender = sender
+
+    def schedule(
+        self, queue: str, *, connection: object | None = None, **timer: Unpack[TimerKwargs]
+    ) -> int:
+        """See :meth:`Timers.schedule`."""
+        op = operations.schedule_timer(self._sender.schema, queue, **timer)
+        return self._sender.run(op, connection)
+
+    def cancel(self, queue: str, key: str, *, connection: object | None = None) -> bool:
+        """See :meth:`Timers.cancel`."""
+        return self._sender.run(operations.cancel_timer(queue, key), connection)

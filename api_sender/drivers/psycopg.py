@@ -1,0 +1,125 @@
+"""psycopg 3: a caller's ``Connection``/``AsyncConnection``, and the one a SyncSender owns."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ..operation import Rows, Step
+from .base import AsyncDriver, Bound, SyncDriver
+
+
+def _what(connection: object) -> str:
+    return f"{type(connection).__module__}.{type(connection).__qualname__}"
+
+
+def async_driver(connection: object, schema: str, accepted: str) -> AsyncDriver:
+    """The driver of a psycopg ``AsyncConnection``."""
+    if isinstance(connection, psycopg.AsyncConnection):
+        return AsyncPsycopgDriver(connection, schema)
+    if isinstance(connection, psycopg.Connection):
+        raise TypeError(
+            "a psycopg Connection is synchronous: send through api_sender.SyncSender, or pass a "
+            "psycopg AsyncConnection to Sender"
+        )
+    raise TypeError(f"connection= takes {accepted}, not {_what(connection)}")
+
+
+def sync_driver(connection: object, schema: str, accepted: str) -> SyncDriver:
+    """The driver of a psycopg ``Connection``."""
+    if isinstance(connection, psycopg.Connection):
+        return PsycopgDriver(connection, schema)
+    if isinstance(connection, psycopg.AsyncConnection):
+        raise TypeError(
+            "a psycopg AsyncConnection is async: send through api_sender.Sender, or pass a "
+            "psycopg Connection to SyncSender"
+        )
+    raise TypeError(f"connection= takes {accepted}, not {_what(connection)}")
+
+
+def owned_driver(connection: object, schema: str, refusal: str) -> SyncDriver:
+    """The driver of the connection a SyncSender sends through: one operation at a time."""
+    if not isinstance(connection, psycopg.Connection):
+        raise TypeError(refusal.format(what=_what(connection)))
+    return PsycopgDriver(connection, schema, lock=threading.RLock())
+
+
+class PsycopgDriver(Bound):
+    """A psycopg ``Connection``: the caller's (its transaction is theirs), or with ``lock`` the
+    one a SyncSender owns, where every operation commits on its own."""
+
+    style = "format"
+
+    def __init__(
+        self,
+        connection: psycopg.Connection[Any],
+        schema: str,
+        *,
+        lock: threading.RLock | None = None,
+    ) -> None:
+        super().__init__(schema)
+        self.connection = connection
+        self._lock = lock
+
+    def execute(self, step: Step) -> Rows:
+        text, args = self.bind(step)
+        with self.connection.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(text, args)
+            return cursor.fetchall() if cursor.description is not None else []
+
+    def scope(self, atomic: bool) -> AbstractContextManager[SyncDriver] | None:
+        if self._lock is not None:
+            return self._owned(atomic)
+        return self._transaction() if atomic else None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[SyncDriver]:
+        # A transaction, or a savepoint when the connection is already in one.
+        with self.connection.transaction():
+            yield self
+
+    @contextmanager
+    def _owned(self, atomic: bool) -> Iterator[SyncDriver]:
+        # One operation at a time on the shared connection (threads of a web app); outside
+        # autocommit every operation is a transaction of its own, committed here.
+        assert self._lock is not None
+        with self._lock:
+            if atomic or not self.connection.autocommit:
+                with self.connection.transaction():
+                    yield self
+            else:
+                yield self
+
+
+class AsyncPsycopgDriver(Bound):
+    """A caller's psycopg ``AsyncConnection``; its transaction is the caller's."""
+
+    style = "format"
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any], schema: str) -> None:
+        super().__init__(schema)
+        self._connection = connection
+
+    async def execute(self, step: Step) -> Rows:
+        text, args = self.bind(step)
+        async with self._connection.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(text, args)
+            return await cursor.fetchall() if cursor.description is not None else []
+
+    def scope(self, atomic: bool) -> AbstractAsyncContextManager[AsyncDriver] | None:
+        return self._transaction() if atomic else None
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncDriver]:
+        async with self._connection.transaction():
+            yield self

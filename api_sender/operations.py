@@ -1,0 +1,118 @@
+"""The producer's operations, each written once: send, send_many, timers.schedule/cancel.
+
+Each function validates its input at once (:class:`~api_sender.InvalidJob` naming the field,
+before any I/O), and returns an :class:`~api_sender.operation.Op` that the async
+:class:`~api_sender.Sender` and the synchronous :class:`~api_sender.SyncSender` run on their
+driver (:mod:`api_sender.driver`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from . import sql
+from .errors import InvalidJob, QueueNotFound
+from .operation import Op, Rows, Step, first, one
+from .options import SendOptions, check_text, encode_all, encode_data, split_start_after
+
+
+def send(schema: str, queue: str, data: Any, options: SendOptions) -> Op[int | None]:
+    """Enqueue one job: its id, or ``None`` when the queue's policy refused its key."""
+    check_text("queue", queue, optional=False)
+    values = {"queue": queue, "data": encode_data(data), **options.values()}
+
+    def decode(rows: Rows) -> int | None:
+        row = first(rows)
+        if not row["queue_found"]:
+            raise QueueNotFound(queue, schema)
+        job_id: int | None = row["id"]
+        return job_id
+
+    return one(sql.SEND, values, decode)
+
+
+def send_many(
+    schema: str,
+    queue: str,
+    items: Iterable[Any],
+    options: SendOptions,
+    singleton_keys: Sequence[str | None] | None = None,
+) -> Op[list[int]]:
+    """Enqueue one job per item in one statement: their ids in order (refused keys left out)."""
+    check_text("queue", queue, optional=False)
+    payloads = encode_all(items)
+    keys = check_keys(singleton_keys, len(payloads))
+    values = {"queue": queue, "items": payloads, "keys": keys, **options.values()}
+
+    def steps() -> Generator[Step, Rows, list[int]]:
+        if not payloads:
+            return []
+        row = first((yield Step(sql.SEND_MANY, values)))
+        if not row["queue_found"]:
+            raise QueueNotFound(queue, schema)
+        return list(row["ids"])
+
+    return Op(steps())
+
+
+def schedule_timer(
+    schema: str,
+    queue: str,
+    *,
+    at: datetime | None = None,
+    delay_seconds: float | None = None,
+    data: Any = None,
+    key: str | None = None,
+) -> Op[int]:
+    """Schedule a timer; with ``key`` the pending timer of that key is cancelled in the same
+    transaction, which holds the key's lock until it ends (see ``Timers.schedule``)."""
+    if (at is None) == (delay_seconds is None):
+        raise InvalidJob("give exactly one of at= and delay_seconds=", "at")
+    check_text("queue", queue, optional=False)
+    if at is not None:
+        delay, instant = split_start_after(at, "at")
+    else:
+        delay, instant = split_start_after(delay_seconds, "delay_seconds")
+    check_text("key", key)
+    values = {"queue": queue, "data": encode_data(data), "key": key, "at": instant, "delay": delay}
+
+    def steps() -> Generator[Step, Rows, int]:
+        if key is not None:
+            yield Step(sql.LOCK_TIMER_KEY, {"queue": queue, "key": key})
+            yield Step(sql.CANCEL_TIMER, {"queue": queue, "key": key})
+        row = first((yield Step(sql.SEND_TIMER, values)))
+        if not row["queue_found"]:
+            raise QueueNotFound(queue, schema)
+        job_id: int = row["id"]
+        return job_id
+
+    # A keyed replace is atomic: a transaction of its own, or a savepoint in the caller's, so
+    # the key lock then lasts until the caller's commit.
+    return Op(steps(), atomic=key is not None)
+
+
+def cancel_timer(queue: str, key: str) -> Op[bool]:
+    """Cancel the pending timer ``key`` of ``queue``: whether there was one."""
+    check_text("queue", queue, optional=False)
+    check_text("key", key, optional=False)
+    return one(sql.CANCEL_TIMER, {"queue": queue, "key": key}, bool)
+
+
+def check_keys(keys: Sequence[str | None] | None, count: int) -> list[str | None] | None:
+    """The per-item singleton keys as a statement parameter, validated against the item count."""
+    if keys is None:
+        return None
+    if isinstance(keys, str):
+        raise InvalidJob(
+            "singleton_keys must be a sequence of keys, not a string", "singleton_keys"
+        )
+    checked = list(keys)
+    if len(checked) != count:
+        raise InvalidJob(
+            f"singleton_keys has {len(checked)} entries for {count} items", "singleton_keys"
+        )
+    for n, key in enumerate(checked):
+        check_text(f"singleton_keys.{n}", key)
+    return checked
