@@ -33,7 +33,8 @@ def need(module: str, extra: str) -> ModuleType:
 
 
 def _ids(rolled: int | None, committed: int | None) -> Sent:
-    assert rolled is not None and committed is not None
+    assert rolled is not None
+    assert committed is not None
     return rolled, committed
 
 
@@ -58,12 +59,14 @@ async def asyncpg_stack(url: str) -> Sent:
 
 async def psycopg_async_stack(url: str) -> Sent:
     psycopg = need("psycopg", "psycopg")
-    async with Sender.connect(url, max_size=1) as sender:
-        async with await psycopg.AsyncConnection.connect(url) as conn:
-            rolled = await sender.send(QUEUE, _data("psycopg-async", "rolled"), connection=conn)
-            await conn.rollback()
-            kept = await sender.send(QUEUE, _data("psycopg-async", "kept"), connection=conn)
-            await conn.commit()
+    async with (
+        Sender.connect(url, max_size=1) as sender,
+        await psycopg.AsyncConnection.connect(url) as conn,
+    ):
+        rolled = await sender.send(QUEUE, _data("psycopg-async", "rolled"), connection=conn)
+        await conn.rollback()
+        kept = await sender.send(QUEUE, _data("psycopg-async", "kept"), connection=conn)
+        await conn.commit()
     return _ids(rolled, kept)
 
 

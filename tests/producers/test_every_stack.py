@@ -89,9 +89,7 @@ async def test_a_rolled_back_send_leaves_no_job_and_a_committed_one_runs_at_once
         assert (kept_row["queue"], kept_row["state"]) == (QUEUE, "completed")
         assert await conn.fetchval("SELECT count(*) FROM jobs.job WHERE id = $1", rolled) == 0
         assert (
-            await conn.fetchval("SELECT count(*) FROM public.ledger WHERE job_id = $1", rolled)
-            == 0
+            await conn.fetchval("SELECT count(*) FROM public.ledger WHERE job_id = $1", rolled) == 0
         )
     finally:
         await conn.close()
-
