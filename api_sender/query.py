@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from .schema import cancel_channel, notify_channel, quoted
 
-#: ``:name`` marks a parameter; ``::type`` (a cast) and ``'HH24:MI'`` (upper case) do not.
-_PARAMETER = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)\b")
+#: ``:name`` marks a parameter; ``::type`` (a cast) does not, nor anything in a ``'literal'`` or
+#: a ``-- comment`` (matched whole, first, and left as they are).
+_PARAMETER = re.compile(r"'(?:[^']|'')*'|--[^\n]*|(?<![:\w]):([a-z_][a-z0-9_]*)\b")
 
 #: How a driver spells a parameter: ``$n`` (asyncpg, numbered: a name used twice is one
 #: parameter) or ``%s`` (psycopg, positional: a name used twice is passed twice, and a literal
@@ -65,6 +66,8 @@ class Query:
         if style == "format":
 
             def positional(match: re.Match[str]) -> str:
+                if match[1] is None:
+                    return match[0]
                 order.append(match[1])
                 return "%s"
 
@@ -73,6 +76,8 @@ class Query:
 
         def placeholder(match: re.Match[str]) -> str:
             name = match[1]
+            if name is None:
+                return match[0]
             if name not in order:
                 order.append(name)
             return f"${order.index(name) + 1}"

@@ -54,6 +54,18 @@ def owned_driver(connection: object, schema: str, refusal: str) -> SyncDriver:
     return PsycopgDriver(connection, schema, lock=threading.RLock())
 
 
+def _own_block(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether an atomic operation on a caller's connection needs a block of its own.
+
+    psycopg's ``transaction()`` makes a savepoint inside an open transaction, and in autocommit
+    a transaction of its own; but on an idle connection outside autocommit it would BEGIN and
+    COMMIT, committing the caller's work. There the operation's first statement begins the
+    caller's (implicit) transaction, which then holds all of it until the caller commits.
+    """
+    idle = connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    return connection.autocommit or not idle
+
+
 class PsycopgDriver(Bound):
     """A psycopg ``Connection``: the caller's (its transaction is theirs), or with ``lock`` the
     one a SyncSender owns, where every operation commits on its own."""
@@ -80,7 +92,7 @@ class PsycopgDriver(Bound):
     def scope(self, atomic: bool) -> AbstractContextManager[SyncDriver] | None:
         if self._lock is not None:
             return self._owned(atomic)
-        return self._transaction() if atomic else None
+        return self._transaction() if atomic and _own_block(self.connection) else None
 
     @contextmanager
     def _transaction(self) -> Iterator[SyncDriver]:
@@ -117,7 +129,7 @@ class AsyncPsycopgDriver(Bound):
             return await cursor.fetchall() if cursor.description is not None else []
 
     def scope(self, atomic: bool) -> AbstractAsyncContextManager[AsyncDriver] | None:
-        return self._transaction() if atomic else None
+        return self._transaction() if atomic and _own_block(self._connection) else None
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncDriver]:
