@@ -86,11 +86,9 @@ class SyncSender:
         ``connect_kwargs`` go to ``psycopg.connect`` (``connect_timeout``, ``options``, ...).
         """
         check_schema_name(schema)
-        import psycopg
+        from .drivers.psycopg import connect
 
-        if pooled:
-            connect_kwargs["prepare_threshold"] = None
-        connection = psycopg.connect(url, autocommit=True, **connect_kwargs)
+        connection = connect(url, pooled=pooled, **connect_kwargs)
         sender = cls(connection, schema=schema, usage_retry=usage_retry)
         sender._owns_connection = True
         return sender

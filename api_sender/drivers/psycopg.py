@@ -47,6 +47,14 @@ def sync_driver(connection: object, schema: str, accepted: str) -> SyncDriver:
     raise TypeError(f"connection= takes {accepted}, not {_what(connection)}")
 
 
+def connect(url: str, *, pooled: bool, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A SyncSender's own connection: autocommit, and with ``pooled`` no prepared statements
+    (``prepare_threshold=None``; psycopg otherwise prepares a query run 5 times, by name)."""
+    if pooled:
+        kwargs["prepare_threshold"] = None
+    return psycopg.connect(url, autocommit=True, **kwargs)
+
+
 def owned_driver(connection: object, schema: str, refusal: str) -> SyncDriver:
     """The driver of the connection a SyncSender sends through: one operation at a time."""
     if not isinstance(connection, psycopg.Connection):
