@@ -22,7 +22,7 @@ from typing import TypeVar, cast
 import asyncpg
 
 from .drivers.asyncpg import AsyncpgDriver
-from .drivers.base import AsyncDriver, SyncDriver
+from .drivers.base import AsyncDriver, SyncDriver, what
 from .operation import Op
 
 __all__ = [
@@ -128,10 +128,9 @@ def sync_driver_for(connection: object, schema: str) -> SyncDriver:
     raise TypeError(_refusal(connection, found, SYNC_ACCEPTED))
 
 
-def _refusal(connection: object, roots: set[str], accepted: str) -> str:
-    what = f"{type(connection).__module__}.{type(connection).__qualname__}"
-    if "psycopg2" in roots:
-        return f"psycopg2 is not supported (got {what}); connection= takes {accepted}"
-    if "asyncpg" in roots:
-        return f"an asyncpg connection is async: use api_sender.Sender (got {what})"
-    return f"connection= takes {accepted}, not {what}"
+def _refusal(connection: object, found: set[str], accepted: str) -> str:
+    if "psycopg2" in found:
+        return f"psycopg2 is not supported (got {what(connection)}); connection= takes {accepted}"
+    if "asyncpg" in found:
+        return f"an asyncpg connection is async: use api_sender.Sender (got {what(connection)})"
+    return f"connection= takes {accepted}, not {what(connection)}"

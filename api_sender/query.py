@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .schema import cancel_channel, notify_channel, quoted
@@ -34,16 +34,25 @@ class Rendered:
     name: str
     text: str
     parameters: tuple[str, ...]
+    #: How many distinct parameters (a name occurs once per placeholder in the format style).
+    distinct: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "distinct", len(set(self.parameters)))
 
     def args(self, values: Mapping[str, Any]) -> list[Any]:
         """The positional arguments for ``values``; every parameter must be given, no other."""
-        given = set(values)
-        expected = set(self.parameters)
-        if given != expected:
+        try:
+            out = [values[name] for name in self.parameters]
+        except KeyError:
+            out = None
+        if out is None or len(values) != self.distinct:
+            given = set(values)
+            expected = set(self.parameters)
             missing = sorted(expected - given)
             extra = sorted(given - expected)
             raise TypeError(f"query {self.name}: missing {missing}, unexpected {extra}")
-        return [values[name] for name in self.parameters]
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 
 from . import operations
 from .driver import SyncDriver, roots, run_sync, sync_driver_for
+from .drivers.base import what
 from .jobs import SyncJobsApi
 from .operation import Op
 from .options import SendKwargs, SendOptions
@@ -54,19 +55,16 @@ class SyncSender:
     ) -> None:
         self.schema = check_schema_name(schema)
         if "psycopg" not in roots(connection):
-            raise TypeError(_NOT_PSYCOPG.format(what=type(connection).__qualname__))
+            raise TypeError(_NOT_PSYCOPG.format(what=what(connection)))
         from .drivers.psycopg import owned_driver
 
         self._connection = connection
         self._driver: SyncDriver = owned_driver(connection, self.schema, _NOT_PSYCOPG)
         self._owns_connection = False
-        #: Durable usage emission (``sender.usage.emit(event)``); never raises into the caller.
+        # Sender's four surfaces (see there), on the synchronous runner.
         self.usage = SyncUsageSink(self, retry=usage_retry)
-        #: One-off timers, keyed or not (``sender.timers.schedule(...)``).
         self.timers = SyncTimers(self)
-        #: Look at jobs and act on them (``sender.jobs.retry([...])``), each action audited.
         self.jobs = SyncJobsApi(self._driver)
-        #: Pause, resume and purge queues (``sender.queues.pause("q")``), each action audited.
         self.queues = SyncQueuesApi(self._driver)
 
     @classmethod

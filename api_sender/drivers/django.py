@@ -10,15 +10,14 @@ from typing import Any
 from django.db import transaction
 
 from ..operation import Rows, Step
-from .base import Bound, SyncDriver
+from .base import Bound, SyncDriver, what
 
 
 def sync_driver(connection: Any, schema: str, accepted: str) -> SyncDriver:
     """The driver of a Django database connection (``django.db.connection``)."""
     vendor = getattr(connection, "vendor", None)
     if vendor is None or not hasattr(connection, "cursor") or not hasattr(connection, "alias"):
-        what = f"{type(connection).__module__}.{type(connection).__qualname__}"
-        raise TypeError(f"connection= takes {accepted}, not {what}")
+        raise TypeError(f"connection= takes {accepted}, not {what(connection)}")
     if vendor != "postgresql":
         raise TypeError(f"a Django connection to {vendor} cannot send: it needs postgresql")
     from django.db.backends.postgresql.psycopg_any import is_psycopg3

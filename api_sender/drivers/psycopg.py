@@ -16,35 +16,35 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..operation import Rows, Step
-from .base import AsyncDriver, Bound, SyncDriver
-
-
-def _what(connection: object) -> str:
-    return f"{type(connection).__module__}.{type(connection).__qualname__}"
+from .base import AsyncDriver, Bound, SyncDriver, what
 
 
 def async_driver(connection: object, schema: str, accepted: str) -> AsyncDriver:
     """The driver of a psycopg ``AsyncConnection``."""
     if isinstance(connection, psycopg.AsyncConnection):
         return AsyncPsycopgDriver(connection, schema)
-    if isinstance(connection, psycopg.Connection):
-        raise TypeError(
-            "a psycopg Connection is synchronous: send through api_sender.SyncSender, or pass a "
-            "psycopg AsyncConnection to Sender"
-        )
-    raise TypeError(f"connection= takes {accepted}, not {_what(connection)}")
+    raise TypeError(_refusal(connection, accepted))
 
 
 def sync_driver(connection: object, schema: str, accepted: str) -> SyncDriver:
     """The driver of a psycopg ``Connection``."""
     if isinstance(connection, psycopg.Connection):
         return PsycopgDriver(connection, schema)
+    raise TypeError(_refusal(connection, accepted))
+
+
+def _refusal(connection: object, accepted: str) -> str:
+    if isinstance(connection, psycopg.Connection):
+        return (
+            "a psycopg Connection is synchronous: send through api_sender.SyncSender, or pass "
+            "a psycopg AsyncConnection to Sender"
+        )
     if isinstance(connection, psycopg.AsyncConnection):
-        raise TypeError(
+        return (
             "a psycopg AsyncConnection is async: send through api_sender.Sender, or pass a "
             "psycopg Connection to SyncSender"
         )
-    raise TypeError(f"connection= takes {accepted}, not {_what(connection)}")
+    return f"connection= takes {accepted}, not {what(connection)}"
 
 
 def connect(url: str, *, pooled: bool, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -58,7 +58,7 @@ def connect(url: str, *, pooled: bool, **kwargs: Any) -> psycopg.Connection[Any]
 def owned_driver(connection: object, schema: str, refusal: str) -> SyncDriver:
     """The driver of the connection a SyncSender sends through: one operation at a time."""
     if not isinstance(connection, psycopg.Connection):
-        raise TypeError(refusal.format(what=_what(connection)))
+        raise TypeError(refusal.format(what=what(connection)))
     return PsycopgDriver(connection, schema, lock=threading.RLock())
 
 

@@ -24,14 +24,10 @@ from sqlalchemy.orm import Session
 
 from ..operation import Rows, Step
 from ..query import Paramstyle
-from .base import AsyncDriver, Bound, SyncDriver
+from .base import AsyncDriver, Bound, SyncDriver, what
 
 #: The DBAPI drivers a SQLAlchemy connection may run on, and their placeholder style.
 _STYLES: dict[str, Paramstyle] = {"asyncpg": "dollar", "psycopg": "format"}
-
-
-def _what(connection: object) -> str:
-    return f"{type(connection).__module__}.{type(connection).__qualname__}"
 
 
 def _style(dialect: Dialect, accepted: str) -> Paramstyle:
@@ -58,7 +54,7 @@ def async_driver(connection: object, schema: str, accepted: str) -> AsyncDriver:
             "api_sender.SyncSender, or pass an AsyncConnection or AsyncSession to Sender"
         )
     else:
-        raise TypeError(f"connection= takes {accepted}, not {_what(connection)}")
+        raise TypeError(f"connection= takes {accepted}, not {what(connection)}")
     if dialect is None:
         raise TypeError("this AsyncSession is bound to no engine; bind it to a postgresql one")
     return AsyncSQLAlchemyDriver(connection, schema, _style(dialect, accepted))
@@ -75,7 +71,7 @@ def sync_driver(connection: object, schema: str, accepted: str) -> SyncDriver:
             f"a SQLAlchemy {type(connection).__name__} is async: send through "
             "api_sender.Sender, or pass a Connection or Session to SyncSender"
         )
-    raise TypeError(f"connection= takes {accepted}, not {_what(connection)}")
+    raise TypeError(f"connection= takes {accepted}, not {what(connection)}")
 
 
 class SQLAlchemyDriver(Bound):
