@@ -53,9 +53,12 @@ def worker(stack_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 async def _done(conn: asyncpg.Connection, job_id: int) -> bool:
+    """The handler ran to its end and the worker recorded the job completed."""
     return bool(
         await conn.fetchval(
-            "SELECT count(*) FROM public.ledger WHERE job_id = $1 AND phase = 'done'", job_id
+            "SELECT count(*) FROM public.ledger l JOIN jobs.job j ON j.id = l.job_id"
+            " WHERE l.job_id = $1 AND l.phase = 'done' AND j.state = 'completed'",
+            job_id,
         )
     )
 
