@@ -25,22 +25,25 @@ from .usage import SyncUsageSink, UsageRetry
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg_pool import ConnectionPool
 
 T = TypeVar("T")
 
 _NOT_PSYCOPG = (
-    "SyncSender(...) takes a psycopg 3 Connection, not {what}; for SQLAlchemy or Django pass "
+    "SyncSender(...) takes a psycopg 3 Connection or a psycopg_pool ConnectionPool, not {what}; "
+    "for SQLAlchemy or Django pass "
     "theirs per call as connection=, or open one with SyncSender.connect(url)"
 )
 
 
 class SyncSender:
-    """Enqueues jobs synchronously on one psycopg 3 connection (thread-safe: one operation at a
-    time), with the methods of :class:`~api_sender.Sender`.
+    """Enqueues jobs synchronously on psycopg 3, with the methods of :class:`~api_sender.Sender`.
 
-    ``SyncSender(conn)`` sends over an open ``psycopg.Connection``: each operation commits on
-    its own (autocommit, or a transaction it commits), or inside the connection's open
-    transaction as a savepoint. ``with SyncSender.connect(url) as sender`` opens and closes an
+    ``SyncSender(conn)`` sends over an open ``psycopg.Connection`` (thread-safe: one operation
+    at a time): each operation commits on its own (autocommit, or a transaction it commits), or
+    inside the connection's open transaction as a savepoint. ``SyncSender(pool)`` over a
+    ``psycopg_pool.ConnectionPool`` runs each operation on a connection of the pool and commits
+    it, for threads sending at once. ``with SyncSender.connect(url) as sender`` opens and closes an
     autocommit connection of its own. ``connection=`` sends inside the caller's transaction on a
     psycopg ``Connection``, a SQLAlchemy ``Connection``/``Session``, or Django's
     ``django.db.connection`` (inside ``transaction.atomic()``).
@@ -48,13 +51,13 @@ class SyncSender:
 
     def __init__(
         self,
-        connection: psycopg.Connection[Any],
+        connection: psycopg.Connection[Any] | ConnectionPool[Any],
         *,
         schema: str = "jobs",
         usage_retry: UsageRetry | None = None,
     ) -> None:
         self.schema = check_schema_name(schema)
-        if "psycopg" not in roots(connection):
+        if not {"psycopg", "psycopg_pool"} & roots(connection):
             raise TypeError(_NOT_PSYCOPG.format(what=what(connection)))
         from .drivers.psycopg import owned_driver
 
@@ -92,8 +95,8 @@ class SyncSender:
         return sender
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
-        """The connection this sender enqueues through."""
+    def connection(self) -> psycopg.Connection[Any] | ConnectionPool[Any]:
+        """The connection (or pool) this sender enqueues through."""
         return self._connection
 
     def run(self, op: Op[T], connection: object | None = None) -> T:

@@ -1,7 +1,9 @@
-"""psycopg 3: a caller's ``Connection``/``AsyncConnection``, and the one a SyncSender owns."""
+"""psycopg 3: a caller's ``Connection``/``AsyncConnection``, and the connection or
+``psycopg_pool.ConnectionPool`` a SyncSender sends through."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import (
@@ -10,13 +12,16 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
 )
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from ..operation import Rows, Step
 from .base import AsyncDriver, Bound, SyncDriver, what
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 
 def async_driver(connection: object, schema: str, accepted: str) -> AsyncDriver:
@@ -56,10 +61,16 @@ def connect(url: str, *, pooled: bool, **kwargs: Any) -> psycopg.Connection[Any]
 
 
 def owned_driver(connection: object, schema: str, refusal: str) -> SyncDriver:
-    """The driver of the connection a SyncSender sends through: one operation at a time."""
-    if not isinstance(connection, psycopg.Connection):
-        raise TypeError(refusal.format(what=what(connection)))
-    return PsycopgDriver(connection, schema, lock=threading.RLock())
+    """The driver of the connection (one operation at a time) or psycopg_pool pool (one
+    connection per operation) a SyncSender sends through."""
+    if isinstance(connection, psycopg.Connection):
+        return PsycopgDriver(connection, schema, lock=threading.RLock())
+    if "psycopg_pool" in sys.modules:
+        from psycopg_pool import ConnectionPool
+
+        if isinstance(connection, ConnectionPool):
+            return PoolDriver(connection, schema)
+    raise TypeError(refusal.format(what=what(connection)))
 
 
 def _own_block(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -119,6 +130,34 @@ class PsycopgDriver(Bound):
                     yield self
             else:
                 yield self
+
+
+class PoolDriver(Bound):
+    """A ``psycopg_pool.ConnectionPool``: each operation on a connection of its own, committed
+    when the operation ends (the pool's ``connection()`` block), as a pool's send should be."""
+
+    style = "format"
+
+    def __init__(self, pool: ConnectionPool[Any], schema: str) -> None:
+        super().__init__(schema)
+        self._pool = pool
+
+    def execute(self, step: Step) -> Rows:
+        with self._checkout(False) as driver:
+            return driver.execute(step)
+
+    def scope(self, atomic: bool) -> AbstractContextManager[SyncDriver] | None:
+        return self._checkout(atomic)
+
+    @contextmanager
+    def _checkout(self, atomic: bool) -> Iterator[SyncDriver]:
+        with self._pool.connection() as connection:
+            driver = PsycopgDriver(connection, self.schema)
+            if atomic and connection.autocommit:
+                with connection.transaction():
+                    yield driver
+            else:
+                yield driver
 
 
 class AsyncPsycopgDriver(Bound):

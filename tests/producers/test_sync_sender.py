@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,27 @@ async def test_sync_sender_usage_timers_jobs_and_queues(
         "queue.resume",
         "queue.purge",
     ]
+
+
+async def test_sync_sender_over_a_pool_commits_each_operation_from_many_threads(
+    pool: asyncpg.Pool, db_url: str, queues: None
+) -> None:
+    """SyncSender(psycopg_pool.ConnectionPool): eight threads sending at once each commit their
+    jobs (the pool's connections are not in autocommit), and keyed timers replace atomically."""
+    need("psycopg", "psycopg")
+    psycopg_pool = need("psycopg_pool", "psycopg")
+
+    def run() -> list[int]:
+        with psycopg_pool.ConnectionPool(db_url, min_size=1, max_size=4) as connections:
+            sender = SyncSender(connections)
+            with ThreadPoolExecutor(8) as threads:
+                ids = list(threads.map(lambda n: sender.send("q", {"n": n}), range(40)))
+            timers = [sender.timers.schedule("q", delay_seconds=60, key="t") for _ in range(3)]
+        return [*ids, *timers]
+
+    ids = await asyncio.to_thread(run)
+    states = [await _state(pool, job_id) for job_id in ids]
+    assert states == ["created"] * 40 + ["cancelled", "cancelled", "created"]
 
 
 def _sync_connections(db_url: str) -> Iterator[tuple[str, Any, Any]]:
