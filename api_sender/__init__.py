@@ -10,6 +10,7 @@ from .options import SendOptions
 from .pool import create_pool
 from .queues import QueuesApi
 from .sender import Sender
+from .sync_sender import SyncSender
 from .timers import Timers
 from .usage import USAGE_HELD_QUEUE, USAGE_QUEUE, UsageRetry, UsageSink, usage_send_options
 
@@ -29,6 +30,7 @@ __all__ = [
     "SendOptions",
     "Sender",
     "SenderError",
+    "SyncSender",
     "Timers",
     "UsageEvent",
     "UsageRetry",

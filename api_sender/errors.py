@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
-
 
 class SenderError(Exception):
     """Base class of every error ``api_sender`` raises on purpose."""
@@ -74,12 +72,3 @@ def sender_error(exc: BaseException, *, queue: str, schema: str) -> SenderError 
         field = getattr(exc, "column_name", None) or getattr(diag, "column_name", None)
         return InvalidJob(str(message or exc), field)
     return None
-
-
-def raise_sender_error(exc: BaseException, *, queue: str, schema: str) -> NoReturn:
-    """Raise :func:`sender_error`'s exception for ``exc`` (caused by it), else ``exc`` itself:
-    ``except asyncpg.PostgresError as exc: raise_sender_error(exc, queue=q, schema=s)``."""
-    error = sender_error(exc, queue=queue, schema=schema)
-    if error is None:
-        raise exc
-    raise error from exc

@@ -12,13 +12,13 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, cast
-
-import asyncpg
+from typing import Any, Literal, TypedDict, Unpack, cast
 
 from . import job_queries as q
+from .driver import AsyncDriver, SyncDriver, run_async, run_sync
 from .errors import InvalidArgument, PermissionDenied
-from .query import Query, Rendered
+from .operation import ErrorMap, Op, Rows, first, one
+from .query import Query
 
 State = Literal["created", "retry", "active", "completed", "cancelled", "failed"]
 #: pg-boss's states, in the order of the job_state enum.
@@ -161,32 +161,19 @@ class ActionResult:
     ids: list[int]
 
 
-class JobsApi:
-    """``sender.jobs``: reads and actions on the jobs of one queue schema."""
+class JobOps:
+    """The job reads and actions of one queue schema as operations (written once, run by
+    :class:`JobsApi` and :class:`SyncJobsApi`), each action recording ``actor``."""
 
-    def __init__(self, pool: asyncpg.Pool, schema: str, *, actor: Actor | None = None) -> None:
-        self._pool = pool
-        self._schema = schema
-        self._actor = actor or Actor()
-        self._rendered: dict[str, Rendered] = {}
+    def __init__(self, schema: str, actor: Actor | None = None) -> None:
+        self.schema = schema
+        self.actor = actor or Actor()
 
-    def _sql(self, query: Query) -> Rendered:
-        rendered = self._rendered.get(query.name)
-        if rendered is None:
-            rendered = self._rendered[query.name] = query.render(self._schema)
-        return rendered
-
-    def as_actor(self, actor: Actor) -> JobsApi:
-        """The same API recording ``actor`` in its audit rows."""
-        return JobsApi(self._pool, self._schema, actor=actor)
-
-    async def get(self, job_id: int) -> Job | None:
+    def get(self, job_id: int) -> Op[Job | None]:
         """The job with this id, or ``None``."""
-        sql = self._sql(q.GET_JOB)
-        row = await self._pool.fetchrow(sql.text, *sql.args({"id": check_id(job_id)}))
-        return Job.from_row(row) if row is not None else None
+        return one(q.GET_JOB, {"id": check_id(job_id)}, _job_or_none)
 
-    async def list(
+    def list(
         self,
         *,
         queue: str | None = None,
@@ -194,9 +181,8 @@ class JobsApi:
         key: str | None = None,
         limit: int = 100,
         after: str | None = None,
-    ) -> JobPage:
-        """One page of jobs, newest first, filtered by queue, state and key; pass the page's
-        ``next`` as ``after`` for the following page."""
+    ) -> Op[JobPage]:
+        """One page of jobs, newest first (see :meth:`JobsApi.list`)."""
         check_state(state)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}")
@@ -207,10 +193,73 @@ class JobsApi:
             values["key"] = _text("key", key)
         if after is not None:
             values["after"] = parse_cursor(after)
-        sql = self._sql(q.list_jobs("queue" in values, state, "key" in values, "after" in values))
-        rows = await self._pool.fetch(sql.text, *sql.args(values))
-        jobs = [Job.from_row(row) for row in rows[:limit]]
-        return JobPage(jobs, str(jobs[-1].id) if len(rows) > limit else None)
+        query = q.list_jobs("queue" in values, state, "key" in values, "after" in values)
+
+        def page(rows: Rows) -> JobPage:
+            jobs = [Job.from_row(row) for row in rows[:limit]]
+            return JobPage(jobs, str(jobs[-1].id) if len(rows) > limit else None)
+
+        return one(query, values, page)
+
+    def count_waiting(self, where: JobFilter) -> Op[int]:
+        """How many created/retry jobs ``where`` matches (what ``queues.purge`` would delete)."""
+        values = {
+            "queue": where.queue,
+            "states": [s for s in ("created", "retry") if where.state in (None, s)],
+            "since": where.since,
+            "until": where.until,
+        }
+        return one(q.COUNT_WHERE, values, _count)
+
+    def act(self, action: Action, ids: Iterable[int]) -> Op[ActionResult]:
+        """``action`` on these ids (one statement with its audit row)."""
+        id_list = check_ids(ids)
+        values = {
+            "ids": id_list,
+            "states": list(ACTION_STATES[action]),
+            "shown": len(id_list),
+            **self._actor_values(),
+        }
+        return one(_BY_IDS[action], values, _action_result, errors=_denied(f"jobs.{action}"))
+
+    def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> Op[ActionResult]:
+        """``action`` on every job ``where`` matches, or only their count (``dry_run``)."""
+        values: dict[str, Any] = {
+            "queue": where.queue,
+            "states": where.states(action),
+            "since": where.since,
+            "until": where.until,
+        }
+        if dry_run:
+            return one(q.COUNT_WHERE, values, lambda rows: ActionResult(_count(rows), []))
+        values.update(
+            filter=json.dumps(where.as_json()), shown=MAX_IDS_SHOWN, **self._actor_values()
+        )
+        return one(_WHERE[action], values, _action_result, errors=_denied(f"jobs.{action}"))
+
+    def _actor_values(self) -> dict[str, Any]:
+        return {"actor_via": self.actor.via, "principal": self.actor.principal}
+
+
+class JobsApi:
+    """``sender.jobs``: reads and actions on the jobs of one queue schema."""
+
+    def __init__(self, driver: AsyncDriver, *, actor: Actor | None = None) -> None:
+        self._driver = driver
+        self._ops = JobOps(driver.schema, actor)
+
+    def as_actor(self, actor: Actor) -> JobsApi:
+        """The same API recording ``actor`` in its audit rows."""
+        return JobsApi(self._driver, actor=actor)
+
+    async def get(self, job_id: int) -> Job | None:
+        """The job with this id, or ``None``."""
+        return await run_async(self._driver, self._ops.get(job_id))
+
+    async def list(self, **filters: Unpack[ListFilters]) -> JobPage:
+        """One page of jobs, newest first, filtered by ``queue``, ``state`` and ``key``, at
+        most ``limit`` (100); pass the page's ``next`` as ``after`` for the following page."""
+        return await run_async(self._driver, self._ops.list(**filters))
 
     async def retry(self, ids: Iterable[int]) -> IdList:
         """failed/cancelled jobs -> retry, due now, with one more attempt; the ids changed."""
@@ -247,55 +296,112 @@ class JobsApi:
 
     async def count_waiting(self, where: JobFilter) -> int:
         """How many created/retry jobs ``where`` matches (what ``queues.purge`` would delete)."""
-        sql = self._sql(q.COUNT_WHERE)
-        values = {
-            "queue": where.queue,
-            "states": [s for s in ("created", "retry") if where.state in (None, s)],
-            "since": where.since,
-            "until": where.until,
-        }
-        count: int = await self._pool.fetchval(sql.text, *sql.args(values))
-        return count
+        return await run_async(self._driver, self._ops.count_waiting(where))
 
     async def act(self, action: Action, ids: Iterable[int]) -> ActionResult:
         """Run ``action`` on these ids (one statement with its audit row)."""
-        id_list = check_ids(ids)
-        sql = self._sql(_BY_IDS[action])
-        values = {
-            "ids": id_list,
-            "states": list(ACTION_STATES[action]),
-            "shown": len(id_list),
-            **self._actor_values(),
-        }
-        return await self._run(action, sql, values)
+        return await run_async(self._driver, self._ops.act(action, ids))
 
     async def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> ActionResult:
         """Run ``action`` on every job ``where`` matches, or only count them (``dry_run``)."""
-        values: dict[str, Any] = {
-            "queue": where.queue,
-            "states": where.states(action),
-            "since": where.since,
-            "until": where.until,
-        }
-        if dry_run:
-            sql = self._sql(q.COUNT_WHERE)
-            count: int = await self._pool.fetchval(sql.text, *sql.args(values))
-            return ActionResult(count, [])
-        values.update(
-            filter=json.dumps(where.as_json()), shown=MAX_IDS_SHOWN, **self._actor_values()
-        )
-        return await self._run(action, self._sql(_WHERE[action]), values)
+        return await run_async(self._driver, self._ops.act_where(action, where, dry_run=dry_run))
 
-    def _actor_values(self) -> dict[str, Any]:
-        return {"actor_via": self._actor.via, "principal": self._actor.principal}
 
-    async def _run(self, action: Action, sql: Rendered, values: dict[str, Any]) -> ActionResult:
-        try:
-            row = await self._pool.fetchrow(sql.text, *sql.args(values))
-        except asyncpg.InsufficientPrivilegeError as exc:
-            raise PermissionDenied(f"jobs.{action}", str(exc)) from None
-        assert row is not None
-        return ActionResult(int(row["changed"]), list(row["ids"]))
+class SyncJobsApi:
+    """``sync_sender.jobs``: :class:`JobsApi` for the synchronous sender, the same operations."""
+
+    def __init__(self, driver: SyncDriver, *, actor: Actor | None = None) -> None:
+        self._driver = driver
+        self._ops = JobOps(driver.schema, actor)
+
+    def as_actor(self, actor: Actor) -> SyncJobsApi:
+        """The same API recording ``actor`` in its audit rows."""
+        return SyncJobsApi(self._driver, actor=actor)
+
+    def get(self, job_id: int) -> Job | None:
+        """See :meth:`JobsApi.get`."""
+        return run_sync(self._driver, self._ops.get(job_id))
+
+    def list(self, **filters: Unpack[ListFilters]) -> JobPage:
+        """See :meth:`JobsApi.list`."""
+        return run_sync(self._driver, self._ops.list(**filters))
+
+    def retry(self, ids: Iterable[int]) -> IdList:
+        """See :meth:`JobsApi.retry`."""
+        return self.act("retry", ids).ids
+
+    def cancel(self, ids: Iterable[int]) -> IdList:
+        """See :meth:`JobsApi.cancel`."""
+        return self.act("cancel", ids).ids
+
+    def resume(self, ids: Iterable[int]) -> IdList:
+        """See :meth:`JobsApi.resume`."""
+        return self.act("resume", ids).ids
+
+    def delete(self, ids: Iterable[int]) -> IdList:
+        """See :meth:`JobsApi.delete`."""
+        return self.act("delete", ids).ids
+
+    def retry_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """See :meth:`JobsApi.retry_where`."""
+        return self.act_where("retry", JobFilter(**filter_), dry_run=dry_run).changed
+
+    def cancel_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """See :meth:`JobsApi.cancel_where`."""
+        return self.act_where("cancel", JobFilter(**filter_), dry_run=dry_run).changed
+
+    def resume_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """See :meth:`JobsApi.resume_where`."""
+        return self.act_where("resume", JobFilter(**filter_), dry_run=dry_run).changed
+
+    def delete_where(self, *, dry_run: bool = True, **filter_: Any) -> int:
+        """See :meth:`JobsApi.delete_where`."""
+        return self.act_where("delete", JobFilter(**filter_), dry_run=dry_run).changed
+
+    def count_waiting(self, where: JobFilter) -> int:
+        """See :meth:`JobsApi.count_waiting`."""
+        return run_sync(self._driver, self._ops.count_waiting(where))
+
+    def act(self, action: Action, ids: Iterable[int]) -> ActionResult:
+        """See :meth:`JobsApi.act`."""
+        return run_sync(self._driver, self._ops.act(action, ids))
+
+    def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> ActionResult:
+        """See :meth:`JobsApi.act_where`."""
+        return run_sync(self._driver, self._ops.act_where(action, where, dry_run=dry_run))
+
+
+class ListFilters(TypedDict, total=False):
+    """The filters of ``jobs.list`` (see :meth:`JobOps.list`)."""
+
+    queue: str | None
+    state: State | None
+    key: str | None
+    limit: int
+    after: str | None
+
+
+def _job_or_none(rows: Rows) -> Job | None:
+    return Job.from_row(rows[0]) if rows else None
+
+
+def _count(rows: Rows) -> int:
+    count: int = first(rows)["count"]
+    return count
+
+
+def _action_result(rows: Rows) -> ActionResult:
+    row = first(rows)
+    return ActionResult(int(row["changed"]), list(row["ids"]))
+
+
+def _denied(action: str) -> ErrorMap:
+    """The error map of an action: a missing right (SQLSTATE 42501) is PermissionDenied."""
+
+    def mapped(sqlstate: str, exc: BaseException) -> Exception | None:
+        return PermissionDenied(action, str(exc)) if sqlstate == "42501" else None
+
+    return mapped
 
 
 _BY_IDS: dict[Action, Query] = {

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel
 
@@ -121,19 +121,32 @@ class SendOptions:
         if self.retry_backoff is not None and not isinstance(self.retry_backoff, bool):
             raise InvalidJob("retry_backoff must be a bool or None", "retry_backoff")
 
-    def args(self) -> tuple[Any, ...]:
-        """The statement parameters $3..$10 shared by send and send_many, in order."""
+    def values(self) -> dict[str, Any]:
+        """The statement parameters shared by send and send_many, by name."""
         delay, at = split_start_after(self.start_after)
-        return (
-            self.priority,
-            self.singleton_key,
-            delay,
-            at,
-            self.retry_limit,
-            self.retry_delay,
-            self.retry_backoff,
-            self.expire_in_seconds,
-        )
+        return {
+            "priority": self.priority,
+            "singleton_key": self.singleton_key,
+            "delay": delay,
+            "at": at,
+            "retry_limit": self.retry_limit,
+            "retry_delay": self.retry_delay,
+            "retry_backoff": self.retry_backoff,
+            "expire_seconds": self.expire_in_seconds,
+        }
+
+
+class SendKwargs(TypedDict, total=False):
+    """The per-send options ``send`` and ``send_many`` take as keywords (see
+    :class:`SendOptions`): written once for the async and the sync sender."""
+
+    start_after: StartAfter
+    singleton_key: str | None
+    priority: int
+    retry_limit: int | None
+    retry_delay: int | None
+    retry_backoff: bool | None
+    expire_in_seconds: int | None
 
 
 def split_start_after(

@@ -1,54 +1,37 @@
 """What the timers and the usage sink need of the sender that owns them, as a protocol.
 
-They depend on this narrow surface, not on :class:`api_sender.Sender` itself, so the sender
-imports them and they never import the sender (no import cycle).
+They depend on this narrow surface, not on :class:`api_sender.Sender` or
+:class:`api_sender.SyncSender` themselves, so the senders import them and they never import a
+sender (no import cycle): a schema, and running an operation on the sender's own executor or on
+a caller's ``connection=``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
-import asyncpg
+from .operation import Op
 
-from .options import SendOptions
-from .sql import SenderStatements
+T = TypeVar("T")
 
 
-class Producer(Protocol):
-    """A sender: its schema, pool and statements, and its two ways of sending."""
+class AsyncProducer(Protocol):
+    """An async sender (:class:`api_sender.Sender`)."""
 
     schema: str
 
-    @property
-    def pool(self) -> asyncpg.Pool:
-        """The pool it sends through."""
+    async def run(self, op: Op[T], connection: object | None = None) -> T:
+        """Run ``op`` on the sender's pool, or on ``connection`` inside the caller's
+        transaction."""
         ...
 
-    @property
-    def statements(self) -> SenderStatements:
-        """Its rendered producer statements."""
-        ...
 
-    async def send_with(
-        self,
-        queue: str,
-        data: Any,
-        options: SendOptions,
-        *,
-        connection: asyncpg.Connection | None = None,
-    ) -> int | None:
-        """Send one job (see ``Sender.send``)."""
-        ...
+class SyncProducer(Protocol):
+    """A synchronous sender (:class:`api_sender.SyncSender`)."""
 
-    async def send_many_with(
-        self,
-        queue: str,
-        items: Iterable[Any],
-        options: SendOptions,
-        *,
-        singleton_keys: Sequence[str | None] | None = None,
-        connection: asyncpg.Connection | None = None,
-    ) -> list[int]:
-        """Send many jobs in one statement (see ``Sender.send_many``)."""
+    schema: str
+
+    def run(self, op: Op[T], connection: object | None = None) -> T:
+        """Run ``op`` on the sender's connection, or on ``connection`` inside the caller's
+        transaction."""
         ...

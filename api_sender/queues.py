@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import asyncpg
-
 from . import job_queries as q
+from .driver import AsyncDriver, SyncDriver, run_async, run_sync
 from .errors import PermissionDenied, QueueNotFound
 from .jobs import Actor
-from .query import Query, Rendered
+from .operation import Op, Rows, first, one
+from .query import Query
 
 QueueAction = Literal["pause", "resume", "purge"]
 
@@ -26,18 +26,37 @@ _ACTIONS: dict[QueueAction, Query] = {
 }
 
 
+def queue_action(schema: str, actor: Actor, action: QueueAction, queue: str) -> Op[int]:
+    """``action`` on ``queue`` with its audit row: how many rows it changed."""
+    values: dict[str, Any] = {
+        "queue": queue,
+        "actor_via": actor.via,
+        "principal": actor.principal,
+    }
+
+    def decode(rows: Rows) -> int:
+        row = first(rows)
+        if not row["found"]:
+            raise QueueNotFound(queue, schema)
+        changed: int = row["changed"]
+        return changed
+
+    def denied(sqlstate: str, exc: BaseException) -> Exception | None:
+        return PermissionDenied(f"queues.{action}", str(exc)) if sqlstate == "42501" else None
+
+    return one(_ACTIONS[action], values, decode, errors=denied)
+
+
 class QueuesApi:
     """``sender.queues``: queue-level actions on one queue schema."""
 
-    def __init__(self, pool: asyncpg.Pool, schema: str, *, actor: Actor | None = None) -> None:
-        self._pool = pool
-        self._schema = schema
+    def __init__(self, driver: AsyncDriver, *, actor: Actor | None = None) -> None:
+        self._driver = driver
         self._actor = actor or Actor()
-        self._rendered: dict[str, Rendered] = {}
 
     def as_actor(self, actor: Actor) -> QueuesApi:
         """The same API recording ``actor`` in its audit rows."""
-        return QueuesApi(self._pool, self._schema, actor=actor)
+        return QueuesApi(self._driver, actor=actor)
 
     async def pause(self, queue: str) -> bool:
         """Stop every replica from starting jobs of ``queue``; ``False`` if it was paused."""
@@ -52,21 +71,32 @@ class QueuesApi:
         return await self._act("purge", queue)
 
     async def _act(self, action: QueueAction, queue: str) -> int:
-        query = _ACTIONS[action]
-        sql = self._rendered.get(query.name)
-        if sql is None:
-            sql = self._rendered[query.name] = query.render(self._schema)
-        values: dict[str, Any] = {
-            "queue": queue,
-            "actor_via": self._actor.via,
-            "principal": self._actor.principal,
-        }
-        try:
-            row = await self._pool.fetchrow(sql.text, *sql.args(values))
-        except asyncpg.InsufficientPrivilegeError as exc:
-            raise PermissionDenied(f"queues.{action}", str(exc)) from None
-        assert row is not None
-        if not row["found"]:
-            raise QueueNotFound(queue, self._schema)
-        changed: int = row["changed"]
-        return changed
+        op = queue_action(self._driver.schema, self._actor, action, queue)
+        return await run_async(self._driver, op)
+
+
+class SyncQueuesApi:
+    """``sync_sender.queues``: :class:`QueuesApi` for the synchronous sender."""
+
+    def __init__(self, driver: SyncDriver, *, actor: Actor | None = None) -> None:
+        self._driver = driver
+        self._actor = actor or Actor()
+
+    def as_actor(self, actor: Actor) -> SyncQueuesApi:
+        """The same API recording ``actor`` in its audit rows."""
+        return SyncQueuesApi(self._driver, actor=actor)
+
+    def pause(self, queue: str) -> bool:
+        """See :meth:`QueuesApi.pause`."""
+        return self._act("pause", queue) > 0
+
+    def resume(self, queue: str) -> bool:
+        """See :meth:`QueuesApi.resume`."""
+        return self._act("resume", queue) > 0
+
+    def purge(self, queue: str) -> int:
+        """See :meth:`QueuesApi.purge`."""
+        return self._act("purge", queue)
+
+    def _act(self, action: QueueAction, queue: str) -> int:
+        return run_sync(self._driver, queue_action(self._driver.schema, self._actor, action, queue))

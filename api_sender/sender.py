@@ -4,29 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeAlias
+from typing import Any, Self, TypeVar, Unpack
 
 import asyncpg
 
-from .errors import InvalidJob, raise_sender_error
+from . import operations
+from .driver import AsyncpgDriver, async_driver_for, run_async
 from .jobs import JobsApi
-from .options import SendOptions, StartAfter, check_text, encode_all, encode_data
+from .operation import Op
+from .options import SendKwargs, SendOptions
 from .pool import create_pool
 from .queues import QueuesApi
 from .schema import check_schema_name
-from .sql import SenderStatements, render
 from .timers import Timers
 from .usage import UsageRetry, UsageSink
 
-#: A pool or a single connection: anything asyncpg can run a statement on.
-Executor: TypeAlias = "asyncpg.Pool | asyncpg.Connection"
+T = TypeVar("T")
 
 
 class Sender:
     """Enqueues jobs. Runs no DDL: it needs only INSERT/SELECT/UPDATE on the queue tables.
 
     Build one over an existing pool with ``Sender(pool)`` or let it own a pool with
-    ``async with Sender.connect(url) as sender``.
+    ``async with Sender.connect(url) as sender``. Every method runs an operation of
+    :mod:`api_sender.operations` (the ones :class:`~api_sender.SyncSender` runs too) on the pool,
+    or with ``connection=`` inside the caller's transaction on an asyncpg connection, a psycopg 3
+    ``AsyncConnection`` or a SQLAlchemy ``AsyncConnection``/``AsyncSession``.
     """
 
     def __init__(
@@ -38,16 +41,16 @@ class Sender:
     ) -> None:
         self.schema = check_schema_name(schema)
         self._pool = pool
-        self._sql: SenderStatements = render(schema)
+        self._driver = AsyncpgDriver(pool, self.schema)
         self._owns_pool = False
         #: Durable usage emission (``sender.usage.emit(event)``); never raises into the caller.
         self.usage = UsageSink(self, retry=usage_retry)
         #: One-off timers, keyed or not (``sender.timers.schedule(...)``).
         self.timers = Timers(self)
         #: Look at jobs and act on them (``sender.jobs.retry([...])``), each action audited.
-        self.jobs = JobsApi(pool, self.schema)
+        self.jobs = JobsApi(self._driver)
         #: Pause, resume and purge queues (``sender.queues.pause("q")``), each action audited.
-        self.queues = QueuesApi(pool, self.schema)
+        self.queues = QueuesApi(self._driver)
 
     @classmethod
     def connect(
@@ -58,19 +61,24 @@ class Sender:
         min_size: int = 1,
         max_size: int = 10,
         usage_retry: UsageRetry | None = None,
+        pooled: bool = False,
     ) -> _Connecting:
-        """Open a pool of its own; use as ``async with Sender.connect(url) as sender``."""
-        return _Connecting(cls, url, schema, min_size, max_size, usage_retry)
+        """Open a pool of its own; use as ``async with Sender.connect(url) as sender``.
+
+        ``pooled=True`` (behind a transaction-mode pooler such as PgBouncer) turns asyncpg's
+        statement cache off, so no named prepared statement is ever made.
+        """
+        return _Connecting(cls, url, schema, min_size, max_size, usage_retry, pooled)
 
     @property
     def pool(self) -> asyncpg.Pool:
         """The pool this sender enqueues through."""
         return self._pool
 
-    @property
-    def statements(self) -> SenderStatements:
-        """The rendered producer statements (for the timers and usage helpers)."""
-        return self._sql
+    async def run(self, op: Op[T], connection: object | None = None) -> T:
+        """Run one operation on the pool, or on the caller's ``connection``."""
+        driver = self._driver if connection is None else async_driver_for(connection, self.schema)
+        return await run_async(driver, op)
 
     async def close(self) -> None:
         """Close the pool if this sender opened it."""
@@ -93,88 +101,51 @@ class Sender:
         queue: str,
         data: Any = None,
         *,
-        start_after: StartAfter = None,
-        singleton_key: str | None = None,
-        priority: int = 0,
-        retry_limit: int | None = None,
-        retry_delay: int | None = None,
-        retry_backoff: bool | None = None,
-        expire_in_seconds: int | None = None,
-        connection: asyncpg.Connection | None = None,
+        connection: object | None = None,
+        **options: Unpack[SendKwargs],
     ) -> int | None:
         """Enqueue one job and return its id.
 
         ``data`` is anything JSON can carry; a pydantic model is sent as
-        ``model.model_dump(mode="json")``. Returns ``None`` when the queue's policy refuses a
-        second job for ``singleton_key`` (``short``/``stately`` queues). With ``connection=``,
-        the job exists if and only if the caller's transaction commits. Raises
-        :class:`QueueNotFound` for an unknown queue.
+        ``model.model_dump(mode="json")``. The options (:class:`SendOptions`): ``start_after``
+        (seconds or an aware datetime), ``singleton_key``, ``priority`` and the queue-setting
+        overrides ``retry_limit``, ``retry_delay``, ``retry_backoff``, ``expire_in_seconds``.
+        Returns ``None`` when the queue's policy refuses a second job for ``singleton_key``
+        (``short``/``stately`` queues). With ``connection=``, the job exists if and only if the
+        caller's transaction commits. Raises :class:`QueueNotFound` for an unknown queue and
+        :class:`InvalidJob` naming the field for invalid input.
         """
-        options = SendOptions(
-            start_after=start_after,
-            singleton_key=singleton_key,
-            priority=priority,
-            retry_limit=retry_limit,
-            retry_delay=retry_delay,
-            retry_backoff=retry_backoff,
-            expire_in_seconds=expire_in_seconds,
-        )
-        return await self.send_with(queue, data, options, connection=connection)
+        return await self.send_with(queue, data, SendOptions(**options), connection=connection)
 
     async def send_with(
-        self,
-        queue: str,
-        data: Any,
-        options: SendOptions,
-        *,
-        connection: asyncpg.Connection | None = None,
+        self, queue: str, data: Any, options: SendOptions, *, connection: object | None = None
     ) -> int | None:
         """Like :meth:`send`, with the options given as one :class:`SendOptions` value."""
-        check_text("queue", queue, optional=False)
-        payload = encode_data(data)
-        executor: Executor = connection if connection is not None else self._pool
-        try:
-            job_id: int | None = await executor.fetchval(
-                self._sql.send, queue, payload, *options.args()
-            )
-        except asyncpg.PostgresError as exc:
-            raise_sender_error(exc, queue=queue, schema=self.schema)
-        return job_id
+        return await self.run(operations.send(self.schema, queue, data, options), connection)
 
     async def send_many(
         self,
         queue: str,
         items: Iterable[Any],
         *,
-        start_after: StartAfter = None,
-        singleton_key: str | None = None,
         singleton_keys: Sequence[str | None] | None = None,
-        priority: int = 0,
-        retry_limit: int | None = None,
-        retry_delay: int | None = None,
-        retry_backoff: bool | None = None,
-        expire_in_seconds: int | None = None,
-        connection: asyncpg.Connection | None = None,
+        connection: object | None = None,
+        **options: Unpack[SendKwargs],
     ) -> list[int]:
         """Enqueue one job per item in a single statement and return their ids in order.
 
-        Every job shares the options given; ``singleton_keys`` (one entry per item, ``None``
-        for "the shared ``singleton_key``") gives each job its own key. The statement is atomic:
-        every job is stored or none. On ``short``/``stately`` queues a refused key is left out
-        of the returned ids. An item may be a pydantic model, sent as its
-        ``model_dump(mode="json")``.
+        Every job shares the options given (as for :meth:`send`); ``singleton_keys`` (one entry
+        per item, ``None`` for "the shared ``singleton_key``") gives each job its own key. The
+        statement is atomic: every job is stored or none. On ``short``/``stately`` queues a
+        refused key is left out of the returned ids. An item may be a pydantic model, sent as
+        its ``model_dump(mode="json")``.
         """
-        options = SendOptions(
-            start_after=start_after,
-            singleton_key=singleton_key,
-            priority=priority,
-            retry_limit=retry_limit,
-            retry_delay=retry_delay,
-            retry_backoff=retry_backoff,
-            expire_in_seconds=expire_in_seconds,
-        )
         return await self.send_many_with(
-            queue, items, options, singleton_keys=singleton_keys, connection=connection
+            queue,
+            items,
+            SendOptions(**options),
+            singleton_keys=singleton_keys,
+            connection=connection,
         )
 
     async def send_many_with(
@@ -184,22 +155,11 @@ class Sender:
         options: SendOptions,
         *,
         singleton_keys: Sequence[str | None] | None = None,
-        connection: asyncpg.Connection | None = None,
+        connection: object | None = None,
     ) -> list[int]:
         """Like :meth:`send_many`, with the shared options given as one :class:`SendOptions`."""
-        check_text("queue", queue, optional=False)
-        payloads = encode_all(items)
-        keys = _check_keys(singleton_keys, len(payloads))
-        if not payloads:
-            return []
-        executor: Executor = connection if connection is not None else self._pool
-        try:
-            ids = await executor.fetchval(
-                self._sql.send_many, queue, payloads, *options.args(), keys
-            )
-        except asyncpg.PostgresError as exc:
-            raise_sender_error(exc, queue=queue, schema=self.schema)
-        return list(ids)
+        op = operations.send_many(self.schema, queue, items, options, singleton_keys)
+        return await self.run(op, connection)
 
 
 class _Connecting:
@@ -213,15 +173,19 @@ class _Connecting:
         min_size: int,
         max_size: int,
         usage_retry: UsageRetry | None,
+        pooled: bool,
     ) -> None:
-        self._args = (cls, url, schema, min_size, max_size, usage_retry)
+        self._args = (cls, url, schema, min_size, max_size, usage_retry, pooled)
         self._sender: Sender | None = None
 
     async def open(self) -> Sender:
         """Open the pool and return the sender (closing it is then the caller's job)."""
-        cls, url, schema, min_size, max_size, usage_retry = self._args
+        cls, url, schema, min_size, max_size, usage_retry, pooled = self._args
         check_schema_name(schema)
-        pool = await create_pool(url, min_size=min_size, max_size=max_size)
+        # With pooled, no statement cache: asyncpg then runs every statement unnamed.
+        pool = await create_pool(
+            url, min_size=min_size, max_size=max_size, statement_cache_size=0 if pooled else 100
+        )
         sender = cls(pool, schema=schema, usage_retry=usage_retry)
         sender._owns_pool = True
         return sender
@@ -238,21 +202,3 @@ class _Connecting:
     ) -> None:
         if self._sender is not None:
             await self._sender.close()
-
-
-def _check_keys(keys: Sequence[str | None] | None, count: int) -> list[str | None] | None:
-    """The per-item singleton keys as a statement parameter, validated against the item count."""
-    if keys is None:
-        return None
-    if isinstance(keys, str):
-        raise InvalidJob(
-            "singleton_keys must be a sequence of keys, not a string", "singleton_keys"
-        )
-    checked = list(keys)
-    if len(checked) != count:
-        raise InvalidJob(
-            f"singleton_keys has {len(checked)} entries for {count} items", "singleton_keys"
-        )
-    for n, key in enumerate(checked):
-        check_text(f"singleton_keys.{n}", key)
-    return checked

@@ -3,68 +3,66 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
-import asyncpg
+from . import operations
+from .producer import AsyncProducer, SyncProducer
 
-from .errors import InvalidJob, raise_sender_error
-from .options import check_text, encode_data, split_start_after
-from .producer import Producer
+
+class TimerKwargs(TypedDict, total=False):
+    """When a timer is due (exactly one of ``at`` and ``delay_seconds``), its data and key."""
+
+    at: datetime | None
+    delay_seconds: float | None
+    data: Any
+    key: str | None
 
 
 class Timers:
     """``sender.timers``: schedule and cancel one-off timers on a declared queue."""
 
-    def __init__(self, sender: Producer) -> None:
+    def __init__(self, sender: AsyncProducer) -> None:
         self._sender = sender
 
     async def schedule(
-        self,
-        queue: str,
-        *,
-        at: datetime | None = None,
-        delay_seconds: float | None = None,
-        data: Any = None,
-        key: str | None = None,
-        connection: asyncpg.Connection | None = None,
+        self, queue: str, *, connection: object | None = None, **timer: Unpack[TimerKwargs]
     ) -> int:
-        """Schedule a timer at ``at`` (or after ``delay_seconds``) and return its job id.
+        """Schedule a timer ``at`` an aware datetime (or after ``delay_seconds``), carrying
+        ``data``, and return its job id.
 
         With ``key``, the timer with that key on that queue that has not finished (waiting, or
         running right now) is cancelled in the same transaction: however many replace one key at
         once, exactly one stays pending, and a replaced timer never runs again.
         """
-        if (at is None) == (delay_seconds is None):
-            raise InvalidJob("give exactly one of at= and delay_seconds=", "at")
-        check_text("queue", queue, optional=False)
-        if at is not None:
-            delay, instant = split_start_after(at, "at")
-        else:
-            delay, instant = split_start_after(delay_seconds, "delay_seconds")
-        check_text("key", key)
-        payload = encode_data(data)
-        executor = connection if connection is not None else self._sender.pool
-        try:
-            job_id: int = await executor.fetchval(
-                self._sender.statements.send_timer, queue, payload, key, instant, delay
-            )
-        except asyncpg.PostgresError as exc:
-            raise_sender_error(exc, queue=queue, schema=self._sender.schema)
-        return job_id
+        op = operations.schedule_timer(self._sender.schema, queue, **timer)
+        return await self._sender.run(op, connection)
 
-    async def cancel(
-        self, queue: str, key: str, *, connection: asyncpg.Connection | None = None
-    ) -> bool:
+    async def cancel(self, queue: str, key: str, *, connection: object | None = None) -> bool:
         """Cancel the timer ``key`` on ``queue``; ``False`` when none was pending.
 
         Pending means not finished: a timer that is running is cancelled too (its handler runs
         to its end, but it is never retried or run again), as a replace would.
         """
-        check_text("queue", queue, optional=False)
-        check_text("key", key, optional=False)
-        executor = connection if connection is not None else self._sender.pool
-        try:
-            cancelled = await executor.fetchval(self._sender.statements.cancel_timer, queue, key)
-        except asyncpg.PostgresError as exc:
-            raise_sender_error(exc, queue=queue, schema=self._sender.schema)
-        return bool(cancelled)
+        return await self._sender.run(
+            operations.cancel_timer(self._sender.schema, queue, key), connection
+        )
+
+
+class SyncTimers:
+    """``sync_sender.timers``: :class:`Timers` for the synchronous sender."""
+
+    def __init__(self, sender: SyncProducer) -> None:
+        self._sender = sender
+
+    def schedule(
+        self, queue: str, *, connection: object | None = None, **timer: Unpack[TimerKwargs]
+    ) -> int:
+        """See :meth:`Timers.schedule`."""
+        op = operations.schedule_timer(self._sender.schema, queue, **timer)
+        return self._sender.run(op, connection)
+
+    def cancel(self, queue: str, key: str, *, connection: object | None = None) -> bool:
+        """See :meth:`Timers.cancel`."""
+        return self._sender.run(
+            operations.cancel_timer(self._sender.schema, queue, key), connection
+        )

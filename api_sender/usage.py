@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import asyncpg
 import structlog
 from prometheus_client import Counter
 
+from . import operations
 from .events import UsageEvent
+from .operation import Op
 from .options import SendOptions, StartAfter
-from .producer import Producer
+from .producer import AsyncProducer, SyncProducer
 
 #: The queue usage events wait in until the hub has them.
 USAGE_QUEUE = "usage-events"
@@ -61,11 +62,43 @@ def usage_send_options(
     )
 
 
+def emit_op(schema: str, event: UsageEvent, retry: UsageRetry) -> Op[int | None]:
+    """The operation of one usage event's send (how every usage event travels)."""
+    return operations.send(
+        schema, USAGE_QUEUE, event.to_job_data(), usage_send_options(event.id, retry)
+    )
+
+
+def resend_op(
+    schema: str, payloads: Sequence[Any], retry: UsageRetry, start_after: StartAfter = None
+) -> Op[list[int]]:
+    """Send already-encoded events (the queue's job data) to the usage queue in one statement,
+    each with :func:`usage_send_options` and its own id as key."""
+    keys = [event_id_of(payload) for payload in payloads]
+    # The shared options come from the one statement of how usage is sent; only the key
+    # differs per event, and send_many takes those as a list.
+    options = usage_send_options(keys[0] if keys else None, retry, start_after=start_after)
+    return operations.send_many(schema, USAGE_QUEUE, payloads, options, singleton_keys=keys)
+
+
+def emit_failed(event: UsageEvent, exc: Exception) -> None:
+    """Log and count an emit that failed (it never raises into the caller)."""
+    EMIT_FAILURES.inc()
+    # getattr: the log line itself must not raise, even for a caller's wrong argument.
+    log.error(
+        "usage.emit_failed",
+        event_id=getattr(event, "id", None),
+        meter=getattr(event, "meter", None),
+        workspace_id=getattr(event, "workspace_id", None),
+        error=f"{type(exc).__name__}: {exc}",
+    )
+
+
 class UsageSink:
     """``sender.usage``: emit usage events durably without ever failing the caller."""
 
     def __init__(
-        self, sender: Producer, *, retry: UsageRetry | None = None, emit_timeout: float = 10.0
+        self, sender: AsyncProducer, *, retry: UsageRetry | None = None, emit_timeout: float = 10.0
     ) -> None:
         self._sender = sender
         self.retry = retry or UsageRetry()
@@ -79,23 +112,13 @@ class UsageSink:
         """
         try:
             with anyio.fail_after(self.emit_timeout):
-                return await self._sender.send_with(
-                    USAGE_QUEUE, event.to_job_data(), usage_send_options(event.id, self.retry)
-                )
+                return await self._sender.run(emit_op(self._sender.schema, event, self.retry))
         except Exception as exc:
-            EMIT_FAILURES.inc()
-            # getattr: the log line itself must not raise, even for a caller's wrong argument.
-            log.error(
-                "usage.emit_failed",
-                event_id=getattr(event, "id", None),
-                meter=getattr(event, "meter", None),
-                workspace_id=getattr(event, "workspace_id", None),
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            emit_failed(event, exc)
             return None
 
     async def enqueue(
-        self, events: Sequence[UsageEvent], *, connection: asyncpg.Connection | None = None
+        self, events: Sequence[UsageEvent], *, connection: object | None = None
     ) -> list[int]:
         """Enqueue ``events`` in one statement, all or none; raises on failure (ingest's path)."""
         return await self.resend([event.to_job_data() for event in events], connection=connection)
@@ -105,19 +128,36 @@ class UsageSink:
         payloads: Sequence[Any],
         *,
         start_after: StartAfter = None,
-        connection: asyncpg.Connection | None = None,
+        connection: object | None = None,
     ) -> list[int]:
         """Send already-encoded events (the queue's job data) back to the usage queue, all or
         none, each with :func:`usage_send_options` and its own id as key; raises on failure."""
-        if not payloads:
-            return []
-        keys = [event_id_of(payload) for payload in payloads]
-        # The shared options come from the one statement of how usage is sent; only the key
-        # differs per event, and send_many takes those as a list.
-        options = usage_send_options(keys[0], self.retry, start_after=start_after)
-        return await self._sender.send_many_with(
-            USAGE_QUEUE, payloads, options, singleton_keys=keys, connection=connection
-        )
+        op = resend_op(self._sender.schema, payloads, self.retry, start_after)
+        return await self._sender.run(op, connection)
+
+
+class SyncUsageSink:
+    """``sync_sender.usage``: :class:`UsageSink` for the synchronous sender. ``emit`` never
+    raises into the caller; its time is bounded by the connection's own timeouts."""
+
+    def __init__(self, sender: SyncProducer, *, retry: UsageRetry | None = None) -> None:
+        self._sender = sender
+        self.retry = retry or UsageRetry()
+
+    def emit(self, event: UsageEvent) -> int | None:
+        """See :meth:`UsageSink.emit`."""
+        try:
+            return self._sender.run(emit_op(self._sender.schema, event, self.retry))
+        except Exception as exc:
+            emit_failed(event, exc)
+            return None
+
+    def enqueue(
+        self, events: Sequence[UsageEvent], *, connection: object | None = None
+    ) -> list[int]:
+        """See :meth:`UsageSink.enqueue`."""
+        payloads = [event.to_job_data() for event in events]
+        return self._sender.run(resend_op(self._sender.schema, payloads, self.retry), connection)
 
 
 def event_id_of(payload: Any) -> str | None:

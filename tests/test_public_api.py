@@ -28,6 +28,7 @@ API_SENDER = [
     "SendOptions",
     "Sender",
     "SenderError",
+    "SyncSender",
     "Timers",
     "UsageEvent",
     "UsageRetry",

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from api_sender import InvalidJob, QueueNotFound, Sender
+from api_sender import InvalidJob, QueueNotFound, Sender, sql
 from tests.support.queues import make_queue
 from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
@@ -162,5 +162,8 @@ async def test_cancel_reads_indexes_among_many_finished_timers(pool, sender: Sen
     )
     await sender.timers.schedule("t", delay_seconds=60, key="k1")
     await pool.execute("ANALYZE jobs.job")
-    plan = await pool.fetchval("EXPLAIN (FORMAT JSON) " + sender.statements.cancel_timer, "t", "k1")
+    cancel = sql.CANCEL_TIMER.render(sender.schema)
+    plan = await pool.fetchval(
+        "EXPLAIN (FORMAT JSON) " + cancel.text, *cancel.args({"queue": "t", "key": "k1"})
+    )
     assert "Seq Scan" not in json.dumps(plan)
