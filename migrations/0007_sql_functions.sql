@@ -384,9 +384,9 @@ END
 $fn$;
 
 -- meter and workspace_id: a JSON string, trimmed of Unicode White_Space (pydantic's
--- str_strip_whitespace), 1 to 200 characters, no NUL (nul: the marker emit_usage put in its
--- place). The trimmed text.
-CREATE OR REPLACE FUNCTION @s@._usage_label(value json, field text, nul text)
+-- str_strip_whitespace), 1 to 200 characters, no NUL and no lone surrogate (nul, sur: the
+-- markers emit_usage put in their place). The trimmed text.
+CREATE OR REPLACE FUNCTION @s@._usage_label(value json, field text, nul text, sur text)
 RETURNS text LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER AS $fn$
 DECLARE
     t text;
@@ -400,6 +400,10 @@ BEGIN
     t := btrim(value #>> '{}', E'\u0009\u000a\u000b\u000c\u000d\u0020\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000');
     IF strpos(t, nul) > 0 THEN
         RAISE EXCEPTION '% contains a NUL character (\u0000), which PostgreSQL cannot store', field
+            USING ERRCODE = '22023', COLUMN = field;
+    END IF;
+    IF strpos(t, sur) > 0 THEN
+        RAISE EXCEPTION '% contains a lone UTF-16 surrogate, which is not valid Unicode', field
             USING ERRCODE = '22023', COLUMN = field;
     END IF;
     IF char_length(t) NOT BETWEEN 1 AND 200 THEN
@@ -501,6 +505,8 @@ DECLARE
     -- A \u0000 escape becomes this marker, so the checks below can name the field it is in
     -- (PostgreSQL refuses to turn \u0000 into text at all).
     nul     text := 'NUL' || md5(event::text) || 'NUL';
+    -- And a lone UTF-16 surrogate escape (\ud800-\udfff not in a pair) this one.
+    sur     text := 'SUR' || md5(event::text) || 'SUR';
     ev      json;
     v       json;
     k       text;
@@ -524,7 +530,14 @@ BEGIN
         raw := regexp_replace(raw, E'(?<!\\\\)((?:\\\\\\\\)*)\\\\u0000', E'\\1' || nul, 'g');
     END IF;
     IF raw ~* E'\\\\ud[89a-f]' THEN
-        -- Only a lone surrogate escape keeps PostgreSQL from reading every string as text.
+        -- A high surrogate not followed by a low one, then a low one not preceded by a high.
+        raw := regexp_replace(raw,
+            E'(?<!\\\\)((?:\\\\\\\\)*)\\\\u[dD][89abAB][0-9a-fA-F]{2}(?![\\\\]u[dD][c-fC-F][0-9a-fA-F]{2})',
+            E'\\1' || sur, 'g');
+        raw := regexp_replace(raw,
+            E'(?<![\\\\]u[dD][89abAB][0-9a-fA-F]{2})(?<!\\\\)((?:\\\\\\\\)*)\\\\u[dD][c-fC-F][0-9a-fA-F]{2}',
+            E'\\1' || sur, 'g');
+        -- Whatever the two missed (a pair split by an escaped backslash) is refused whole.
         BEGIN
             PERFORM json_strip_nulls(raw::json);
         EXCEPTION WHEN invalid_text_representation THEN
@@ -538,19 +551,19 @@ BEGIN
     END IF;
     SELECT t.key INTO k FROM json_each(ev) AS t GROUP BY t.key HAVING count(*) > 1 LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'invalid JSON: the key % appears twice in the event', replace(k, nul, '\u0000')
-            USING ERRCODE = '22023', COLUMN = replace(k, nul, '\u0000');
+        RAISE EXCEPTION 'invalid JSON: the key % appears twice in the event', replace(replace(k, nul, '\u0000'), sur, '\ud800')
+            USING ERRCODE = '22023', COLUMN = replace(replace(k, nul, '\u0000'), sur, '\ud800');
     END IF;
     SELECT t.key INTO k FROM json_each(ev) AS t
     WHERE t.key NOT IN ('id', 'meter', 'quantity', 'occurred_at', 'workspace_id', 'dimensions')
     LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION '% is not a field of a usage event', replace(k, nul, '\u0000')
-            USING ERRCODE = '22023', COLUMN = replace(k, nul, '\u0000');
+        RAISE EXCEPTION '% is not a field of a usage event', replace(replace(k, nul, '\u0000'), sur, '\ud800')
+            USING ERRCODE = '22023', COLUMN = replace(replace(k, nul, '\u0000'), sur, '\ud800');
     END IF;
 
-    meter := @s@._usage_label(ev -> 'meter', 'meter', nul);
-    workspace_id := @s@._usage_label(ev -> 'workspace_id', 'workspace_id', nul);
+    meter := @s@._usage_label(ev -> 'meter', 'meter', nul, sur);
+    workspace_id := @s@._usage_label(ev -> 'workspace_id', 'workspace_id', nul, sur);
 
     v := ev -> 'quantity';
     IF v IS NULL THEN
@@ -616,6 +629,10 @@ BEGIN
                     THEN 'key contains a NUL character (\u0000), which PostgreSQL cannot store'
                 WHEN json_typeof(w.value) = 'string' AND strpos(w.value::text, nul) > 0
                     THEN 'contains a NUL character (\u0000), which PostgreSQL cannot store'
+                WHEN w.in_object AND strpos(w.path[cardinality(w.path)], sur) > 0
+                    THEN 'key contains a lone UTF-16 surrogate, which is not valid Unicode'
+                WHEN json_typeof(w.value) = 'string' AND strpos(w.value::text, sur) > 0
+                    THEN 'contains a lone UTF-16 surrogate, which is not valid Unicode'
                 WHEN json_typeof(w.value) = 'number'
                     THEN @s@._json_number_problem(w.value::text, false)
             END AS problem
@@ -624,7 +641,8 @@ BEGIN
             SELECT w.path, 'appears twice in one object (invalid JSON)'
             FROM walk AS w WHERE w.in_object GROUP BY w.path HAVING count(*) > 1
         )
-        SELECT replace(array_to_string(f.path, '.'), nul, '\u0000') || ' ' || f.problem
+        SELECT replace(replace(array_to_string(f.path, '.'), nul, '\u0000'), sur, '\ud800')
+               || ' ' || f.problem
         INTO problem FROM found AS f WHERE f.problem IS NOT NULL LIMIT 1;
         IF problem IS NOT NULL THEN
             RAISE EXCEPTION '%', problem

@@ -199,6 +199,16 @@ CASES: list[tuple[str, str, bool]] = [
     ("dimension value with NUL", raw(BASE + ', "dimensions": {"a": ["x\\u0000"]}}'), False),
     ("dimension key with NUL", raw(BASE + ', "dimensions": {"a\\u0000": 1}}'), False),
     ("dimension with a lone low surrogate", raw(BASE + ', "dimensions": {"a": "\\udc00"}}'), False),
+    (
+        "a lone high surrogate before a pair",
+        raw(BASE + ', "dimensions": {"a": "\\ud800\\ud800\\udc00"}}'),
+        False,
+    ),
+    (
+        "a low surrogate after an escaped backslash",
+        raw(BASE.replace('"api.calls"', '"a\\\\ud800\\udc00"') + "}"),
+        False,
+    ),
     ("dimension float overflows", raw(BASE + ', "dimensions": {"a": -1e400}}'), False),
     (
         "dimension integer of 4301 digits",
@@ -285,3 +295,29 @@ async def test_an_absent_occurred_at_is_now_in_sql_and_refused_over_http(
             )
         assert written.endswith("+00:00")
         assert written == now.isoformat()
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (raw(BASE.replace('"api.calls"', '"api\\u0000"') + "}"), "meter"),
+        (raw(BASE.replace('"w1"', '"w\\ud800"') + "}"), "workspace_id"),
+        (raw(BASE + ', "dimensions": {"a": [1, "x\\u0000"]}}'), "dimensions.a.1"),
+        (raw(BASE + ', "dimensions": {"a": {"b": "\\udc00"}}}'), "dimensions.a.b"),
+        (raw(BASE + ', "dimensions": {"a": {"b": 1e400}}}'), "dimensions.a.b"),
+        (_nested(33), "dimensions" + ".a" * 32),
+        (raw(BASE + ', "meter": "again"}'), "meter"),
+        (event(quantity=-1), "quantity"),
+        (event(occurred_at="2024-02-30T00:00:00Z"), "occurred_at"),
+        (event(id="x"), "id"),
+        (event(extra=1), "extra"),
+    ],
+)
+async def test_the_error_names_the_field(ingest: httpx.AsyncClient, pool, text, field) -> None:
+    """The 22023 error's column field names the field at fault (a path inside dimensions), as
+    the ingest's 400 does."""
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await pool.fetchval("SELECT jobs.emit_usage($1::text::json)", text)
+    assert caught.value.sqlstate == "22023"
+    assert caught.value.column_name == field
+    assert field.split(".")[-1] in caught.value.message
