@@ -122,11 +122,8 @@ RETURNING id
 LOCK_TIMER_KEY = Query(
     "lock_timer_key",
     """
--- timers.schedule: serialise replaces of one (queue, key) for the rest of the transaction. The
--- lock key is the quoted schema, 'timer', the queue and the key joined by colons (concat_ws, as
--- a colon before a word in the text of a literal would read as a parameter).
-SELECT pg_advisory_xact_lock(
-    hashtextextended(concat_ws(':', '{s}', 'timer', :queue::text, :key::text), 0))
+-- timers.schedule: serialise replaces of one (queue, key) for the rest of the transaction.
+SELECT pg_advisory_xact_lock(hashtextextended('{s}:timer:' || :queue || ':' || :key, 0))
 """,
 )
 
