@@ -51,9 +51,12 @@ FROM {_FOUND}
 
 CANCEL_TIMER = Query(
     "cancel_timer",
-    """
--- timers.cancel: true when the timer of (queue, key) was pending or running (jobs.cancel_timer).
-SELECT {s}.cancel_timer(:queue, :key) AS cancelled
+    f"""
+-- timers.cancel: true when the timer of (queue, key) was pending or running (jobs.cancel_timer);
+-- false for an unknown queue, which has no timer (the function would raise P0002).
+SELECT CASE WHEN q.queue_found THEN {{s}}.cancel_timer(:queue, :key) ELSE false END AS cancelled,
+       q.queue_found
+FROM {_FOUND}
 """,
 )
 

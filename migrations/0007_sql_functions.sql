@@ -242,7 +242,8 @@ $fn$;
 -- concurrent outcome write holds the row lock; this UPDATE waits for it and re-checks the row's
 -- new state. The states are spelled out one by one so each finds a partial index: created
 -- through job_timer_key, retry through job_fetch, active through job_active. True when one was
--- pending; false for a queue with none (installed or not), as api_sender's Timers.cancel.
+-- pending, false when none was; an unknown queue raises P0002 as every function here does
+-- (api_sender's Timers.cancel looks the queue up first and answers false, as it always has).
 CREATE OR REPLACE FUNCTION @s@.cancel_timer(queue text, key text)
 RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $fn$
 BEGIN
@@ -257,7 +258,13 @@ BEGIN
     UPDATE @s@.job AS j SET state = 'cancelled', completed_at = now()
     WHERE j.queue = cancel_timer.queue AND j.singleton_key = cancel_timer.key AND j.is_timer
       AND (j.state = 'created' OR j.state = 'retry' OR j.state = 'active');
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM @s@.queue AS q WHERE q.name = cancel_timer.queue) THEN
+        PERFORM @s@._queue_not_found(queue);
+    END IF;
+    RETURN false;
 END
 $fn$;
 

@@ -149,7 +149,6 @@ async def test_timers_replace_by_key_cancel_and_keep_the_counts(conn) -> None:
     assert states == {first: "cancelled", second: "created"}
     assert await conn.fetchval("SELECT jobs.cancel_timer('q', 'u7')") is True
     assert await conn.fetchval("SELECT jobs.cancel_timer('q', 'u7')") is False
-    assert await conn.fetchval("SELECT jobs.cancel_timer('no-such-queue', 'u7')") is False
     unkeyed = await conn.fetchval("SELECT jobs.schedule_timer('q', now())")
     assert await conn.fetchval("SELECT is_timer FROM jobs.job WHERE id = $1", unkeyed) is False
     assert (await reported_counts(conn))[("q", "cancelled")] == 2
@@ -222,6 +221,7 @@ BAD_CALLS: list[tuple[str, str, str]] = [
     ("SELECT jobs.schedule_timer('', now())", "22023", "queue"),
     ("SELECT jobs.cancel_timer('q', NULL)", "22023", "key"),
     ("SELECT jobs.cancel_timer('', 'k')", "22023", "queue"),
+    ("SELECT jobs.cancel_timer('nope', 'k')", "P0002", "queue"),
     ("SELECT jobs.emit_usage(NULL)", "22023", "(event)"),
     (
         """SELECT jobs.emit_usage('{"meter": "m", "quantity": -1, "workspace_id": "w"}')""",
