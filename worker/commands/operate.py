@@ -11,7 +11,7 @@ import anyio
 from api_sender import InvalidJob, QueueNotFound, Sender
 from api_sender.jobs import STATES
 
-from ..boot import database_url, run
+from ..boot import database_url, run, session_url
 from ..db.connections import connect
 from ..install import install
 from ..jobs.registry import installed_jobs
@@ -42,7 +42,7 @@ async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     if not 0 <= args.wait <= 86_400:
         raise UsageError("invalid --wait: give 0 to 86400 seconds")
     tools = load_declarations(settings.tool_job_paths)
-    url = await database_url(settings)
+    url = session_url(settings, await database_url(settings))
     async with reaching(url):
         await install(
             url,
