@@ -214,11 +214,19 @@ class Node:
             return None
 
     def kill(self) -> None:
-        """SIGKILL the postmaster (its backends notice and exit)."""
+        """SIGKILL the postmaster and every process of this server at one instant, as when its
+        host dies: frozen first (SIGSTOP), so no backend or WAL sender does anything more
+        after the postmaster is gone (alone, the WAL sender would stream what it has left)."""
         pid = self.postmaster_pid()
-        if pid is not None:
+        if pid is None:
+            return
+        children = _children(pid)
+        for each in (*children, pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(each, signal.SIGSTOP)
+        for each in (pid, *children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(each, signal.SIGKILL)
 
     def promote(self) -> None:
         """pg_ctl promote, waiting until it is done."""
@@ -238,6 +246,19 @@ class Node:
         """The server's log."""
         path = self.data / "server.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):
+            found.append(int(stat.parent.name))
+    return found
 
 
 #: Settings both servers share: loopback only, streaming replication, room for the drill.
