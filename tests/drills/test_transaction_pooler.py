@@ -19,10 +19,19 @@ import httpx
 import pytest
 
 from api_sender import Sender, create_pool, new_ulid
-from tests.drills.helpers import SCALE, Fleet, create_ledger, fetch, runs, sized, wait_for
+from tests.drills.helpers import (
+    DRILL_ENV,
+    SCALE,
+    Fleet,
+    create_ledger,
+    fetch,
+    runs,
+    sized,
+    wait_for,
+)
 from tests.drills.test_install_race import check_installed_once
 from tests.support.hub import Hub
-from tests.support.processes import Daemon
+from tests.support.processes import Daemon, run_cli
 from tests.support.servers import PgBouncer, require_pgbouncer, scratch_dir
 
 pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
@@ -187,6 +196,13 @@ async def test_api_and_workers_through_pgbouncer_lose_nothing(
     )
     assert listeners[0]["n"] == 0
     clean_logs([*workers, api])
+    # An operator command through the pooler too (its connection honours the statement cache).
+    report = await asyncio.to_thread(
+        run_cli, pooled, "queues", "--json", env={**POOLED, **DRILL_ENV}
+    )
+    assert report.returncode == 0, report.stderr
+    counts = {q["name"]: q["counts"] for q in json.loads(report.stdout)["queues"]}
+    assert counts[QUEUE]["completed"] == jobs
     drill_report(
         f"drill 21 transaction pooler [{SCALE}: {bouncer.version()} pool_mode=transaction,"
         f" {bouncer.pool_size} server connections; api + 2 workers, LISTEN_MODE=poll, statement"
