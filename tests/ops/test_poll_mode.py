@@ -71,7 +71,7 @@ async def test_a_polling_worker_listens_nowhere_and_finds_work_and_cancels_by_po
 ) -> None:
     """No listener connection; a send is picked up by the probe; a running job cancelled from
     here is interrupted within POLL_INTERVAL_SECONDS + 2 s, never finishes, stays cancelled;
-    a resumed job runs again."""
+    resumed, it starts again within the same bound."""
     await create_ledger(db_url)
     [daemon] = await start_workers(db_url, tmp_path, 1, **poll_env(db_url))
     try:
@@ -108,6 +108,23 @@ async def test_a_polling_worker_listens_nowhere_and_finds_work_and_cancels_by_po
             job = await sender.jobs.get(job_id)
             assert job is not None
             assert job.state == "cancelled"
+
+            # Resume: the probe finds it again within the same bound, and it starts over.
+            resumed = time.monotonic()
+            assert await sender.jobs.resume([job_id]) == [job_id]
+
+            async def restarted() -> bool:
+                found = await rows(
+                    db_url,
+                    "SELECT 1 FROM public.ledger WHERE job_id = $1 AND phase = 'start'",
+                    job_id,
+                )
+                return len(found) == 2
+
+            while not await restarted():
+                assert time.monotonic() - resumed < POLL + 2.0, "resumed job not started in time"
+                await asyncio.sleep(0.05)
+            assert await sender.jobs.cancel([job_id]) == [job_id]
 
             other = await sender.send("tool-work", {"n": 1})
 
