@@ -207,11 +207,14 @@ class Node:
                  "-t", "60", "start")  # fmt: skip
 
     def postmaster_pid(self) -> int | None:
-        """The postmaster's pid from its pid file (None when not running)."""
+        """The postmaster's pid from its pid file, if that process is this server's postmaster
+        still (a pid file outlives a killed server, and its pid may be reused)."""
         try:
-            return int((self.data / "postmaster.pid").read_text().splitlines()[0])
+            pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             return None
+        return pid if str(self.data).encode() in command else None
 
     def kill(self) -> None:
         """SIGKILL the postmaster and every process of this server at one instant, as when its
@@ -234,13 +237,11 @@ class Node:
 
     def stop(self) -> None:
         """Stop it at once if it runs (pg_ctl by its pid file); then whatever is left of it."""
-        pid = self.postmaster_pid()
-        if pid is None:
+        if self.postmaster_pid() is None:
             return
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "-t", "30", "stop")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        self.kill()
 
     def log(self) -> str:
         """The server's log."""
