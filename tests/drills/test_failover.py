@@ -39,6 +39,9 @@ DATABASE = "chassis"
 #: Every process must be ready again this soon after the promotion (contract section 12 and
 #: RELIABILITY.md drill 20).
 READY_WITHIN = 15.0
+#: Seconds after the promotion by which every handler running at the kill has written its first
+#: ledger line (the drill ledger retries a write every 0.2 s until a server takes it).
+IN_FLIGHT_GRACE = 5.0
 #: How long the primary's WAL sender is held just before the kill: the standby falls behind
 #: as over a slow link. Synchronous commits wait meanwhile; asynchronous ones go on without it.
 LAG_SECONDS = sized(1.0, 3.0)
@@ -270,11 +273,14 @@ async def failover(
         " WHERE completed_at > to_timestamp($1)",
         killed,
     )
+    # In flight at the kill: claimed before it. A handler whose first ledger line met the dead
+    # primary writes it once the new one takes writes, so a claim from before the kill has its
+    # first line by the promotion plus IN_FLIGHT_GRACE at the latest.
     started = await fetch(
         url,
-        "SELECT DISTINCT job_id FROM public.drill_ledger WHERE phase = 'start'"
-        " AND at < to_timestamp($1)",
-        killed,
+        "SELECT job_id FROM public.drill_ledger WHERE phase = 'start'"
+        " GROUP BY job_id HAVING min(at) < to_timestamp($1)",
+        promoted + IN_FLIGHT_GRACE,
     )
     return Outcome(
         traffic=traffic,
