@@ -49,6 +49,11 @@ factor means a lot.
   sitting. The database is filled once (about 2 minutes of the 5 this adds; see
   ``benchmarks/counts.py``).
 
+* ``pooler``: drain, single send and pickup (poll mode at 0.5 and 2 s) and idle commits
+  through PgBouncer in transaction mode, each beside its direct figure, with the ratios (see
+  ``benchmarks/pooler.py``; needs Debian's ``pgbouncer``).
+
 Helpers started by others add ``benchmarks/purge.py`` and ``benchmarks/ingest.py``; when they
-exist, their ``main()`` runs after the queue figures, and so does ``benchmarks/counts.py``.
+exist, their ``main()`` runs after the queue figures, and so do ``benchmarks/counts.py`` and
+``benchmarks/pooler.py``.
 """

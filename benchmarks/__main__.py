@@ -341,15 +341,15 @@ def _wal_row(wal: list[float], runs: list[idle.IdleResult]) -> Row:
 
 
 def helper_figures() -> tuple[list[Row], list[str]]:
-    """Run ``benchmarks.purge``, ``benchmarks.ingest`` and ``benchmarks.counts`` (when present);
-    collect their rows.
+    """Run ``benchmarks.purge``, ``benchmarks.ingest``, ``benchmarks.counts`` and
+    ``benchmarks.pooler`` (when present); collect their rows.
 
     A helper's ``main()`` may be sync or async. If it returns an iterable of :class:`Row` (or of
     ``(figure, target, value, met)`` tuples), those join the summary table.
     """
     rows: list[Row] = []
     notes: list[str] = []
-    for name in ("purge", "ingest", "counts"):
+    for name in ("purge", "ingest", "counts", "pooler"):
         try:
             module = importlib.import_module(f"benchmarks.{name}")
         except ModuleNotFoundError as exc:

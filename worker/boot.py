@@ -44,6 +44,14 @@ async def database_url(settings: Settings) -> str:
     return await start_embedded(settings.embedded_data_dir)
 
 
+def session_url(settings: Settings, url: str) -> str:
+    """Where what needs a session goes (the install's advisory lock, LISTEN, the purge run
+    lock): DATABASE_DIRECT_URL, else ``url`` itself (contract section 12)."""
+    if settings.database_direct_url is not None:
+        return settings.database_direct_url.get_secret_value()
+    return url
+
+
 async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
     """Run the daemon until a signal; return the exit code.
 
@@ -113,7 +121,7 @@ async def _boot(
 
         async def install_once() -> None:
             await install(
-                url,
+                session_url(settings, url),
                 settings.jobs_schema,
                 jobs,
                 cron_tz=settings.cron_tz,
@@ -182,7 +190,7 @@ async def _serve_worker(
     jobs: list[InstalledJob],
     stop: StopRequest,
 ) -> None:
-    runtime = WorkerRuntime(settings, url, pool, sender, jobs)
+    runtime = WorkerRuntime(settings, session_url(settings, url), pool, sender, jobs)
     async with anyio.create_task_group() as tg:
         await tg.start(runtime.run)
         state.checks.append(runtime.check)

@@ -71,6 +71,8 @@ def _main(argv: Sequence[str] | None) -> int:
         overrides["service_role"] = args.role
     try:
         settings = load_settings(**overrides)
+        installs = args.command == "migrate" or (args.command == "run" and settings.is_worker)
+        settings.check_session_url(installs=installs)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG

@@ -55,5 +55,26 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
         cache_logger_on_first_use=False,
     )
-    # Libraries that log through the standard library (uvicorn, asyncpg) stay quiet below warning.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s %(message)s")
+    # Libraries that log through the standard library (asyncpg's pool: "Failed to restore the
+    # pool connection floor") stay quiet below warning, and what they do say is one structlog
+    # event per record, in the same stream and format as ours: never a plain-text traceback.
+    logging.basicConfig(level=logging.WARNING, handlers=[StdlibToStructlog()], force=True)
+
+
+class StdlibToStructlog(logging.Handler):
+    """A standard-library handler that writes each record as one structlog event: the event
+    name is the library's logger name (``asyncpg.pool``), with its message, and an exception
+    as one ``error`` line (its type and message) instead of a traceback."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, Any] = {"message": record.getMessage()}
+            if record.exc_info and record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                fields["error"] = f"{type(exc).__name__}: {exc}"
+            level = record.levelno if record.levelno in _LEVELS.values() else logging.WARNING
+            if record.levelno >= logging.CRITICAL:
+                level = logging.ERROR
+            structlog.get_logger(record.name).log(level, record.name, **fields)
+        except Exception:  # pragma: no cover - logging must never raise into the caller
+            self.handleError(record)

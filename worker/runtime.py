@@ -12,7 +12,9 @@ from anyio.abc import TaskStatus
 from api_sender import Sender
 from api_sender.schema import cancel_channel
 
+from .db import statements as db
 from .db.bounded import HandlerPool
+from .db.connections import RETRYABLE_ERRORS
 from .install import schedules_channel
 from .jobs.spec import InstalledJob, JobContext
 from .queue.availability import Availability
@@ -32,6 +34,9 @@ log = structlog.get_logger("worker.runtime")
 
 #: Pool connections kept free of handlers for the claim, completion and heartbeat statements.
 RESERVED_CONNECTIONS = 2
+#: How often a polling worker (LISTEN_MODE=poll) re-reads the cron schedules, which a notify
+#: worker re-reads when an install changes them.
+POLL_MODE_CRON_RELOAD_SECONDS = 30.0
 
 
 class WorkerRuntime:
@@ -44,7 +49,7 @@ class WorkerRuntime:
     def __init__(
         self,
         settings: Settings,
-        url: str,
+        session_url: str,
         pool: asyncpg.Pool,
         sender: Sender,
         jobs: list[InstalledJob],
@@ -62,7 +67,9 @@ class WorkerRuntime:
             self.store, self.holdings, self.availability, on_finished=self.tally.finished
         )
         handler_pool = HandlerPool(pool, settings.database_pool_size - RESERVED_CONNECTIONS)
-        context = JobContext(settings=settings, pool=handler_pool, sender=sender, session_url=url)
+        context = JobContext(
+            settings=settings, pool=handler_pool, sender=sender, session_url=session_url
+        )
         self.pollers = [
             Poller(
                 job.make_consumer(context),
@@ -100,7 +107,12 @@ class WorkerRuntime:
             availability=self.availability,
         )
         self.cron = CronScheduler(
-            pool, sql, [job.queue for job in jobs], availability=self.availability
+            pool,
+            sql,
+            [job.queue for job in jobs],
+            availability=self.availability,
+            # No change notification reaches a polling worker: re-read the schedules sooner.
+            reload_seconds=POLL_MODE_CRON_RELOAD_SECONDS if settings.polls else None,
         )
         min_retention = (
             min(
@@ -110,8 +122,12 @@ class WorkerRuntime:
             if jobs
             else 3600
         )
+        self._pool = pool
+        self._sql = sql
+        self._polls = settings.polls
+        self._poll_interval = settings.poll_interval_seconds
         self.dispatcher = Dispatcher(
-            url,
+            session_url,
             schema,
             sql,
             {p.queue: p.waker for p in self.pollers},
@@ -125,6 +141,7 @@ class WorkerRuntime:
                 cancel_channel(schema): self.interrupt,
             },
             availability=self.availability,
+            poll_through=pool if settings.polls else None,
         )
         self._background = anyio.CancelScope()
         self._pollers_done = anyio.Event()
@@ -139,9 +156,30 @@ class WorkerRuntime:
         found = [job_id for poller in self.pollers for job_id in poller.interrupt(wanted)]
         log.info("job.interrupt_requested", ids=sorted(wanted), running=found)
 
+    async def watch_cancels(self) -> None:
+        """LISTEN_MODE=poll: no cancel NOTIFY arrives, so every poll interval, while handlers
+        run, ask which of their jobs an operator cancelled or deleted, and interrupt those
+        (contract section 10: within POLL_INTERVAL_SECONDS + 2 s)."""
+        while True:
+            await anyio.sleep(self._poll_interval)
+            running = [job_id for poller in self.pollers for job_id in poller.running_ids()]
+            if not running:
+                continue
+            try:
+                with anyio.fail_after(max(5.0, self._poll_interval * 2)):
+                    rows = await db.fetch(self._pool, self._sql.cancelled_among, ids=running)
+            except RETRYABLE_ERRORS as exc:
+                # The probe and the pollers report the database; look again next interval.
+                log.debug("job.cancel_check_failed", error=f"{type(exc).__name__}: {exc}")
+                continue
+            if rows:
+                self.interrupt(f"{self.owner} " + ",".join(str(row["id"]) for row in rows))
+
     def check(self) -> str | None:
-        """Readiness: the listener must be connected."""
-        return None if self.dispatcher.listening else "listener not connected"
+        """Readiness: the listener must be connected (poll mode: the probe must answer)."""
+        if self.dispatcher.listening:
+            return None
+        return "database probe failing" if self._polls else "listener not connected"
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start every component; report started once the listener is up; run until stopped."""
@@ -167,6 +205,8 @@ class WorkerRuntime:
                 tg.start_soon(self.maintenance.run)
                 tg.start_soon(self.cron.run)
                 tg.start_soon(self.tally.run)
+                if self._polls:
+                    tg.start_soon(self.watch_cancels)
 
     async def shutdown(self, grace: float) -> None:
         """Stop claiming, let handlers finish within ``grace``, hand the rest back, flush."""

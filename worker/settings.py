@@ -115,6 +115,15 @@ class Settings(BaseSettings):
     console_origins: str = Field(
         "", description="comma-separated extra origins a console POST may come from (TLS proxy)"
     )
+    listen_mode: Literal["notify", "poll"] = Field(
+        "notify",
+        description="notify: LISTEN wakes pollers at once; poll: no LISTEN (transaction pooler)",
+    )
+    database_direct_url: SecretStr | None = Field(
+        None,
+        description="the server itself, for what needs a session (install lock, LISTEN); "
+        "defaults to DATABASE_URL",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     log_format: Literal["json", "console"] | None = Field(
         None, description="json when stdout is not a TTY, else console"
@@ -168,7 +177,7 @@ class Settings(BaseSettings):
         description="time a client has to send a whole /v1 request body; then 408",
     )
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_direct_url")
     @classmethod
     def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
@@ -180,7 +189,9 @@ class Settings(BaseSettings):
     def _schema_name(cls, value: str) -> str:
         return check_schema_name(value)
 
-    @field_validator("service_role", "usage_downstream", "log_level", "log_format", mode="before")
+    @field_validator(
+        "service_role", "usage_downstream", "log_level", "log_format", "listen_mode", mode="before"
+    )
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
@@ -220,7 +231,29 @@ class Settings(BaseSettings):
                 raise ValueError("HUB_URL must be an http:// or https:// URL")
         if self.worker_stale_seconds <= self.heartbeat_seconds:
             raise ValueError("WORKER_STALE_SECONDS must exceed HEARTBEAT_SECONDS")
+        if self.database_direct_url is not None and self.database_url is None:
+            raise ValueError(
+                "DATABASE_DIRECT_URL needs DATABASE_URL (the embedded server is reached directly)"
+            )
         return self
+
+    @property
+    def polls(self) -> bool:
+        """Whether new work and cancels are found by polling alone (``LISTEN_MODE=poll``)."""
+        return self.listen_mode == "poll"
+
+    def check_session_url(self, *, installs: bool) -> None:
+        """Raise :class:`ConfigError` when a process that installs (``worker``, ``all``,
+        ``migrate``) runs with ``LISTEN_MODE=poll`` and no ``DATABASE_DIRECT_URL``: poll mode
+        means a transaction pooler, and the install's session lock needs the server itself
+        (contract section 12)."""
+        if installs and self.polls and self.database_direct_url is None:
+            raise ConfigError(
+                "invalid configuration: DATABASE_DIRECT_URL: is required with LISTEN_MODE=poll "
+                "for the worker and all roles and migrate (the install's session lock needs the "
+                "server itself, not a transaction pooler); set it to DATABASE_URL when there is "
+                "no pooler"
+            )
 
     @property
     def is_worker(self) -> bool:
@@ -277,7 +310,8 @@ def describe(exc: ValidationError) -> str:
     if location:
         shown = error.get("input")
         got = f" (got {shown!r})" if isinstance(shown, str | int | float) and location != "" else ""
-        if "SECRET" in location or "TOKEN" in location or "DATABASE_URL" in location:
+        secret = ("SECRET", "TOKEN", "DATABASE_URL", "DATABASE_DIRECT_URL")
+        if any(marker in location for marker in secret):
             got = ""
         return f"invalid configuration: {location}: {message}{got}"
     return f"invalid configuration: {message}"

@@ -48,7 +48,12 @@ class _LazyPool:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._pool is None:
-                self._pool = await asyncpg.create_pool(os.environ["DATABASE_URL"], **self._options)
+                # Behind a transaction pooler the daemon runs with a statement cache of 0
+                # (contract section 12); its handlers' pools must too.
+                cache = int(os.environ.get("DATABASE_STATEMENT_CACHE_SIZE", "100"))
+                self._pool = await asyncpg.create_pool(
+                    os.environ["DATABASE_URL"], statement_cache_size=cache, **self._options
+                )
         assert self._pool is not None
         return self._pool
 

@@ -11,7 +11,7 @@ import anyio
 from api_sender import InvalidJob, QueueNotFound, Sender
 from api_sender.jobs import STATES
 
-from ..boot import database_url, run
+from ..boot import database_url, run, session_url
 from ..db.connections import connect
 from ..install import install
 from ..jobs.registry import installed_jobs
@@ -42,7 +42,7 @@ async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     if not 0 <= args.wait <= 86_400:
         raise UsageError("invalid --wait: give 0 to 86400 seconds")
     tools = load_declarations(settings.tool_job_paths)
-    url = await database_url(settings)
+    url = session_url(settings, await database_url(settings))
     async with reaching(url):
         await install(
             url,
@@ -56,11 +56,13 @@ async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
+async def queue_report(
+    url: str, schema: str, *, statement_cache_size: int = 100
+) -> list[dict[str, Any]]:
     """One entry per queue (:func:`worker.queue_report.queue_report`), on a connection of its
-    own."""
+    own (with DATABASE_STATEMENT_CACHE_SIZE: it may go through a transaction pooler)."""
     async with reaching(url):
-        conn = await connect(url)
+        conn = await connect(url, statement_cache_size=statement_cache_size)
     try:
         return await report_on(conn, schema)
     finally:
@@ -69,7 +71,11 @@ async def queue_report(url: str, schema: str) -> list[dict[str, Any]]:
 
 async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
     """``chassis-worker queues [--json]``."""
-    report = await queue_report(await database_url(settings), settings.jobs_schema)
+    report = await queue_report(
+        await database_url(settings),
+        settings.jobs_schema,
+        statement_cache_size=settings.database_statement_cache_size,
+    )
     if args.json:
         print_json({"queues": report})
         return 0

@@ -102,8 +102,10 @@ class CronScheduler:
         queues: list[str],
         *,
         availability: Availability | None = None,
+        reload_seconds: float | None = None,
     ) -> None:
         self._availability = availability or Availability()
+        self._reload = RELOAD_SECONDS if reload_seconds is None else reload_seconds
         self._pool = pool
         self._sql = sql
         self._queues = queues
@@ -141,9 +143,9 @@ class CronScheduler:
         """
         rows = await db.fetch(self._pool, self._sql.load_schedules, queues=self._queues)
         if not rows:
-            return RELOAD_SECONDS
+            return self._reload
         db_now: datetime = rows[0]["db_now"] if at is None else at
-        sleep = RELOAD_SECONDS
+        sleep = self._reload
         for record in rows:
             row = _Row(record["queue"], record["cron"], record["tz"], record["last_slot"])
             slot = latest_slot(row.cron, row.tz, db_now)

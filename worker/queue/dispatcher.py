@@ -3,6 +3,9 @@
 Both run on one dedicated connection (never a pooled one: asyncpg's pool would UNLISTEN it).
 The probe is also that connection's liveness check, so an idle worker costs one read-only
 statement per poll interval and writes nothing.
+
+With ``LISTEN_MODE=poll`` (behind a transaction pooler, contract section 12) there is no LISTEN
+and no dedicated connection: the probe runs through the pool and alone finds new work.
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ class Dispatcher:
         min_retention_seconds: float,
         extra_channels: Mapping[str, Callable[[str], None]] | None = None,
         availability: Availability | None = None,
+        poll_through: asyncpg.Pool | None = None,
     ) -> None:
         self._availability = availability or Availability()
         self._url = url
+        #: LISTEN_MODE=poll: the pool the probe runs through (no LISTEN at all).
+        self._poll_through = poll_through
         self._channel = notify_channel(schema)
         self._sql = sql
         self._wakers = dict(wakers)
@@ -56,7 +62,7 @@ class Dispatcher:
         self._on_prune_due = on_prune_due
         self._min_retention = min_retention_seconds
         self._extra = dict(extra_channels or {})
-        #: True while LISTEN is established; read by /readyz.
+        #: True while LISTEN is established (poll mode: while the probe answers); read by /readyz.
         self.listening = False
         #: Set the first time LISTEN is established.
         self.first_listen = anyio.Event()
@@ -87,8 +93,16 @@ class Dispatcher:
         for waker in self._wakers.values():
             waker.wake()
 
+    @property
+    def polls(self) -> bool:
+        """Whether this dispatcher only polls (LISTEN_MODE=poll)."""
+        return self._poll_through is not None
+
     async def run(self) -> None:
         """Keep a listening connection and probe every poll interval, until cancelled."""
+        if self._poll_through is not None:
+            await self._poll_only(self._poll_through)
+            return
         attempt = 0
         while True:
             conn: asyncpg.Connection | None = None
@@ -123,7 +137,26 @@ class Dispatcher:
                 if conn is not None and not conn.is_closed():
                     conn.terminate()
 
-    async def _probe_loop(self, conn: asyncpg.Connection) -> None:
+    async def _poll_only(self, pool: asyncpg.Pool) -> None:
+        """LISTEN_MODE=poll: probe through the pool every poll interval, until cancelled."""
+        self.first_listen.set()
+        attempt = 0
+        while True:
+            try:
+                await self._probe_loop(pool)
+            except TRANSIENT_ERRORS as exc:
+                self.listening = False
+                self._availability.lost()
+                delay = backoff_delay(attempt, cap=min(5.0, self._poll_interval))
+                attempt += 1
+                log.warning(
+                    "listener.probe_lost",
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in=round(delay, 2),
+                )
+                await anyio.sleep(delay)
+
+    async def _probe_loop(self, conn: asyncpg.Connection | asyncpg.Pool) -> None:
         failures = 0
         while True:
             try:
@@ -151,6 +184,10 @@ class Dispatcher:
                 continue
             failures = 0
             assert row is not None
+            if self.polls and not self.listening:
+                self.listening = True
+                # Back after a loss: anything sent meanwhile is due now.
+                self.wake_all()
             self._availability.answered()
             for queue in row["due"]:
                 self._wakers[queue].wake()

@@ -134,6 +134,10 @@ class Poller:
         for scope in list(self._running):
             scope.cancel()
 
+    def running_ids(self) -> list[int]:
+        """The jobs whose handlers run now (per-job consumers), for the poll-mode cancel check."""
+        return list(self._current)
+
     def interrupt(self, ids: Iterable[int]) -> list[int]:
         """Interrupt the handlers of these jobs if they run here (an operator cancelled or
         deleted them: their rows are final already, so nothing is written for them)."""

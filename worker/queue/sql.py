@@ -253,6 +253,14 @@ JOB_STATES = """
 SELECT id, state::text AS state FROM {s}.job WHERE id = ANY(:ids::bigint[])
 """
 
+CANCELLED_AMONG = """
+-- cancelled among: which of this process's running jobs (ids) an operator cancelled or deleted,
+-- by primary key. LISTEN_MODE=poll only (no cancel NOTIFY reaches it), and only while it runs
+-- jobs: one read per poll interval.
+SELECT r.id FROM unnest(:ids::bigint[]) AS r (id)
+WHERE NOT EXISTS (SELECT 1 FROM {s}.job j WHERE j.id = r.id AND j.state <> 'cancelled')
+"""
+
 HEARTBEAT = """
 -- heartbeat: this process is alive. An upsert, so a worker row pruned while idle comes back.
 INSERT INTO {s}.worker (id, host, pid) VALUES (:owner, :host, :pid)
@@ -554,6 +562,7 @@ class QueueStatements:
     fail: Rendered
     hand_back: Rendered
     job_states: Rendered
+    cancelled_among: Rendered
     heartbeat: Rendered
     forget_worker: Rendered
     probe: Rendered
@@ -587,6 +596,7 @@ STATEMENTS: tuple[Query, ...] = (
     Query("fail", FAIL),
     Query("hand_back", HAND_BACK),
     Query("job_states", JOB_STATES),
+    Query("cancelled_among", CANCELLED_AMONG),
     Query("heartbeat", HEARTBEAT),
     Query("forget_worker", FORGET_WORKER),
     Query("probe", PROBE),
