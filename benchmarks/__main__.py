@@ -145,9 +145,14 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             f" ({top.variant} statement(s), {top.clients} client(s); drain / ceiling"
             f" {mine.rate / top.rate:.0%})"
         )
-        slow = await surviving_restarts(lambda: graphile_peer.graphile_drain("defaults"))
+        slow = await surviving_restarts(
+            lambda: graphile_peer.graphile_drain("defaults", graphile_peer.DEFAULTS_JOBS)
+        )
         gw_defaults.append(slow.rate)
-        progress(f"run {run + 1}: graphile-worker drain with its defaults {slow.rate:,.0f} jobs/s")
+        progress(
+            f"run {run + 1}: graphile-worker drain of {graphile_peer.DEFAULTS_JOBS:,} with its"
+            f" defaults {slow.rate:,.0f} jobs/s"
+        )
         p50, p99 = await surviving_restarts(latency.pickup_latency)
         pick50.append(p50)
         pick99.append(p99)
@@ -273,7 +278,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             digits=2,
         ),
         _info(
-            f"graphile-worker {gw_version} drain, same sitting ({graphile_peer.BATCHED})",
+            f"graphile-worker {gw_version} drain, same sitting, batched settings (see notes)",
             gw_batched,
             "jobs/s",
         ),
@@ -286,14 +291,14 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             digits=2,
         ),
         _info(
-            f"graphile-worker {gw_version} drain with its defaults ({graphile_peer.DEFAULTS})",
+            f"graphile-worker {gw_version} drain of {graphile_peer.DEFAULTS_JOBS:,} with its"
+            " defaults",
             gw_defaults,
             "jobs/s",
         ),
         _info("drain ratio ours / graphile-worker defaults", _ratios(ours, gw_defaults), "x", 2),
         _info(
-            f"SQL-only ceiling: claim + complete at batch {noop.DRAIN_BATCH} (pgbench, bare"
-            " table, best of 1/2 statements x 1/2 clients)",
+            f"SQL-only ceiling: claim + complete, batch {noop.DRAIN_BATCH} (pgbench, bare table)",
             ceilings,
             "jobs/s",
         ),
@@ -383,8 +388,10 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         " benchmarks/graphile_peer.mjs (one run() process; each figure on its own fresh"
         " database): its drain timed from the first task's first line to an empty job table"
         " (it deletes a job when it completes; polled every 20 ms), batched"
-        f" ({graphile_peer.BATCHED}) and with its defaults; addJobs/addJob timed as send_many/"
-        "send; pickup as ours (its defaults, a producer process at 100 jobs/s).",
+        f" ({graphile_peer.BATCHED}) and with its defaults ({graphile_peer.DEFAULTS};"
+        f" {graphile_peer.DEFAULTS_JOBS:,} jobs: one at a time it takes 15 s to 3 min for 60,000"
+        " here); addJobs/addJob timed as send_many/send; pickup as ours (its defaults, a"
+        " producer process at 100 jobs/s).",
         "SQL-only ceiling: pgbench running our claim and complete statements (built from"
         " worker.queue.sql's pieces) with no worker, on a bare copy of the job table (primary"
         " key and job_fetch only, no trigger), as complete-and-claim in one statement and as"
