@@ -222,6 +222,18 @@ async def ceiling_once(variant: str, table: str, clients: int, jobs: int = JOBS)
         tps = await anyio.to_thread.run_sync(
             lambda: _run_pgbench(url, script, clients, transactions)
         )
+        # The fence must have matched: every batch claimed was completed (but a client's last
+        # claim under one statement, which the next transaction would have completed).
+        conn = await asyncpg.connect(url)
+        try:
+            done = await conn.fetchval(
+                f"SELECT count(*) FROM {schema}.job WHERE state = 'completed'"
+            )
+        finally:
+            await conn.close()
+    wanted = (transactions - (1 if variant == "one" else 0)) * clients * DRAIN_BATCH
+    if done != wanted:
+        raise RuntimeError(f"ceiling {variant}/{table}/{clients}: {done} of {wanted} completed")
     # One statement: each transaction completes the previous batch (a client's first completes
     # none); two statements: each completes its own.
     completing = (transactions - 1) / transactions if variant == "one" else 1.0
