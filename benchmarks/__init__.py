@@ -29,6 +29,23 @@ factor means a lot.
   ``benchmarks/.peers/``) through ``pgqueuer.run(...)`` with a no-op entrypoint and batch 50,
   timed the same way from its log table (first ``picked`` to last ``successful``). The ratio
   ``drain / pgqueuer drain`` is computed per run, then the median is taken.
+* ``graphile-worker``: graphile-worker 0.18.x from the npm registry, installed on first use into
+  ``benchmarks/.peers/graphile-worker`` (``npm install``; Node 20) and driven by our own Node
+  script ``benchmarks/graphile_peer.mjs`` (copied there, since Node resolves the package from the
+  script's directory), each figure on a fresh database of its own: the drain of the same 60,000
+  no-op jobs in one ``run()`` process, with its documented batched settings (``localQueue.size
+  500``, ``completeJobBatchDelay 0``, ``failJobBatchDelay 0``, ``concurrentJobs 24``,
+  ``maxPoolSize 25``) and with its defaults, timed from the first task's first line to an empty
+  job table (it deletes a job when it completes; polled every 20 ms); ``addJobs`` of 20,000 in one
+  call and in calls of 1,000; ``addJob`` p50/p99 in sequence; pickup as ours. The batched drain
+  takes its turn in the same rotation as ours and pgqueuer's; ratios are ours / graphile's, run by
+  run.
+* ``SQL-only ceiling``: ``benchmarks/ceiling.py``, pgbench running our claim and complete
+  statements (built from ``worker.queue.sql``'s pieces) with no worker at batch 200 on a bare copy
+  of the job table (primary key and ``job_fetch`` only, no trigger), as complete-and-claim in one
+  statement and as claim then complete, with 1 and 2 clients; the fastest of the four is the
+  ceiling, and ``drain / ceiling`` says how close the worker gets to what the database allows.
+  ``python -m benchmarks.drain_profile`` shows where the rest goes (see docs/drain-profile.md).
 * ``pickup latency``: jobs sent at ~100 jobs/s from this process to a running worker; time from
   just before ``send`` to the first line of the handler (same machine, same clock). pgqueuer's,
   in the same run: ``pgqueuer.run`` with its defaults in one process, its producer in another,

@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -17,7 +17,7 @@ import asyncpg
 
 from worker.logging import configure_logging
 
-from . import drain, enqueue, idle, latency, peer
+from . import ceiling, drain, enqueue, graphile_peer, idle, latency, noop, peer
 from .common import RUNS, admin_url, median, surviving_restarts
 from .report import Row, measured, render
 
@@ -59,8 +59,12 @@ async def server_facts() -> str:
 async def queue_figures() -> tuple[list[Row], list[str]]:
     """Measure every queue figure ``RUNS`` times; return the rows and the notes."""
     pgq_version = await anyio.to_thread.run_sync(peer.ensure_venv)
+    gw_version = await anyio.to_thread.run_sync(graphile_peer.ensure_installed)
     facts = await server_facts()
-    progress(f"{facts}; pgqueuer {pgq_version} in {peer.VENV.relative_to(peer.PEERS.parent)}")
+    progress(
+        f"{facts}; pgqueuer {pgq_version} in {peer.VENV.relative_to(peer.PEERS.parent)};"
+        f" graphile-worker {gw_version} in {graphile_peer.DIR.relative_to(peer.PEERS.parent)}"
+    )
     many, chunked, p50s, p99s = [], [], [], []
     peer_chunked, peer50, peer99, floor50, floor99 = [], [], [], [], []
     sql50: list[float] = []
@@ -71,6 +75,16 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     peer_pick50: list[float] = []
     peer_pick99: list[float] = []
     idle_runs: list[idle.IdleResult] = []
+    gw_many: list[float] = []
+    gw_chunked: list[float] = []
+    gw50: list[float] = []
+    gw99: list[float] = []
+    gw_batched: list[float] = []
+    gw_defaults: list[float] = []
+    gw_pick50: list[float] = []
+    gw_pick99: list[float] = []
+    ceilings: list[float] = []
+    ceiling_runs: list[ceiling.Ceiling] = []
     for run in range(RUNS):
         one, chunks = await surviving_restarts(enqueue.send_many_rate)
         many.append(one)
@@ -101,20 +115,55 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             f" single p50 {theirs_send.p50_ms:.3f} ms, p99 {theirs_send.p99_ms:.3f} ms;"
             f" one-row INSERT p50 {low50:.3f} ms, p99 {low99:.3f} ms"
         )
-        # Alternate which drain goes first, so neither always gets the quieter moment.
-        if run % 2 == 0:
-            mine = await surviving_restarts(drain.drain_once)
-            other = await surviving_restarts(peer.pgqueuer_drain)
-        else:
-            other = await surviving_restarts(peer.pgqueuer_drain)
-            mine = await surviving_restarts(drain.drain_once)
+        gw_send = await surviving_restarts(
+            lambda: graphile_peer.graphile_send(
+                enqueue.SEND_MANY_JOBS, enqueue.SEND_MANY_CHUNK, enqueue.SINGLE_SENDS
+            )
+        )
+        gw_many.append(gw_send.one_call)
+        gw_chunked.append(gw_send.chunked)
+        gw50.append(gw_send.p50_ms)
+        gw99.append(gw_send.p99_ms)
+        progress(
+            f"run {run + 1}: graphile-worker addJobs 20,000 in one call {gw_send.one_call:,.0f}"
+            f" jobs/s, calls of 1,000 {gw_send.chunked:,.0f} jobs/s;"
+            f" addJob p50 {gw_send.p50_ms:.3f} ms, p99 {gw_send.p99_ms:.3f} ms"
+        )
+        # Rotate which drain goes first, so none always gets the quieter moment.
+        drains: dict[str, Any] = {}
+        measures: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("ours", drain.drain_once),
+            ("pgqueuer", peer.pgqueuer_drain),
+            ("graphile", lambda: graphile_peer.graphile_drain("batched")),
+            ("ceiling", ceiling.ceiling),
+        ]
+        shift = run % len(measures)
+        for name, measure in measures[shift:] + measures[:shift]:
+            drains[name] = await surviving_restarts(measure)
+        mine, other, gw, top = (drains[k] for k in ("ours", "pgqueuer", "graphile", "ceiling"))
         ours.append(mine.rate)
         theirs.append(other.rate)
         ratios.append(mine.rate / other.rate)
         rss.append(mine.peak_rss_bytes / MB)
+        gw_batched.append(gw.rate)
+        ceilings.append(top.rate)
+        ceiling_runs.append(top)
         progress(
             f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s, "
-            f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f} MB"
+            f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f}"
+            " MB;"
+            f" graphile-worker batched {gw.rate:,.0f} jobs/s (ours / graphile"
+            f" {mine.rate / gw.rate:.2f}); SQL-only ceiling {top.rate:,.0f} jobs/s"
+            f" ({top.variant} statement(s), {top.clients} client(s); drain / ceiling"
+            f" {mine.rate / top.rate:.0%})"
+        )
+        slow = await surviving_restarts(
+            lambda: graphile_peer.graphile_drain("defaults", graphile_peer.DEFAULTS_JOBS)
+        )
+        gw_defaults.append(slow.rate)
+        progress(
+            f"run {run + 1}: graphile-worker drain of {graphile_peer.DEFAULTS_JOBS:,} with its"
+            f" defaults {slow.rate:,.0f} jobs/s"
         )
         p50, p99 = await surviving_restarts(latency.pickup_latency)
         pick50.append(p50)
@@ -124,9 +173,15 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         )
         peer_pick50.append(their50)
         peer_pick99.append(their99)
+        gw_p50, gw_p99 = await surviving_restarts(
+            lambda: graphile_peer.graphile_pickup(latency.JOBS, latency.RATE, latency.WARMUP)
+        )
+        gw_pick50.append(gw_p50)
+        gw_pick99.append(gw_p99)
         progress(
             f"run {run + 1}: pickup p50 {p50:.2f} ms, p99 {p99:.2f} ms;"
-            f" pgqueuer p50 {their50:.2f} ms, p99 {their99:.2f} ms"
+            f" pgqueuer p50 {their50:.2f} ms, p99 {their99:.2f} ms;"
+            f" graphile-worker p50 {gw_p50:.2f} ms, p99 {gw_p99:.2f} ms"
         )
         result = await surviving_restarts(idle.idle_cost)
         idle_runs.append(result)
@@ -190,6 +245,31 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             "x",
             digits=2,
         ),
+        _info(f"graphile-worker {gw_version} addJobs 20,000 in one call", gw_many, "jobs/s"),
+        _info(
+            "send_many one call ratio ours / graphile-worker", _ratios(many, gw_many), "x", digits=2
+        ),
+        _info(f"graphile-worker {gw_version} addJobs in calls of 1,000", gw_chunked, "jobs/s"),
+        _info(
+            "send_many chunks ratio ours / graphile-worker",
+            _ratios(chunked, gw_chunked),
+            "x",
+            digits=2,
+        ),
+        _info(f"graphile-worker {gw_version} single addJob p50", gw50, "ms", digits=3),
+        _info(f"graphile-worker {gw_version} single addJob p99", gw99, "ms", digits=3),
+        _info(
+            "send p50 ratio ours / graphile-worker (lower is better)",
+            _ratios(p50s, gw50),
+            "x",
+            digits=2,
+        ),
+        _info(
+            "send p99 ratio ours / graphile-worker (lower is better)",
+            _ratios(p99s, gw99),
+            "x",
+            digits=2,
+        ),
         _info("floor: one-row INSERT p50 (a bare table, one connection)", floor50, "ms", digits=3),
         _info("floor: one-row INSERT p99", floor99, "ms", digits=3),
         measured(
@@ -235,6 +315,38 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             lambda v: v >= 1.2,
             digits=2,
         ),
+        _info(
+            f"graphile-worker {gw_version} drain, same sitting, batched settings (see notes)",
+            gw_batched,
+            "jobs/s",
+        ),
+        measured(
+            "drain ratio ours / graphile-worker batched",
+            _ratios(ours, gw_batched),
+            "x",
+            ">= 1.2x",
+            lambda v: v >= 1.2,
+            digits=2,
+        ),
+        _info(
+            f"graphile-worker {gw_version} drain of {graphile_peer.DEFAULTS_JOBS:,} with its"
+            " defaults",
+            gw_defaults,
+            "jobs/s",
+        ),
+        _info("drain ratio ours / graphile-worker defaults", _ratios(ours, gw_defaults), "x", 2),
+        _info(
+            f"SQL-only ceiling: claim + complete, batch {noop.DRAIN_BATCH} (pgbench, bare table)",
+            ceilings,
+            "jobs/s",
+        ),
+        measured(
+            "drain / SQL-only ceiling",
+            [100 * r for r in _ratios(ours, ceilings)],
+            "%",
+            ">= 85%",
+            lambda v: v >= 85,
+        ),
         measured(
             "pickup latency p50 at 100 jobs/s",
             pick50,
@@ -267,6 +379,20 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             "x",
             digits=2,
         ),
+        _info(f"graphile-worker {gw_version} pickup p50 (its defaults)", gw_pick50, "ms", 2),
+        _info(f"graphile-worker {gw_version} pickup p99 (its defaults)", gw_pick99, "ms", 2),
+        _info(
+            "pickup p50 ratio ours / graphile-worker (lower is better)",
+            _ratios(pick50, gw_pick50),
+            "x",
+            digits=2,
+        ),
+        _info(
+            "pickup p99 ratio ours / graphile-worker (lower is better)",
+            _ratios(pick99, gw_pick99),
+            "x",
+            digits=2,
+        ),
         measured(
             "idle worker, 7 queues, 30 s: commits",
             commits,
@@ -296,6 +422,21 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         f"pgqueuer {pgq_version} from PyPI in benchmarks/.peers/pgqueuer, run through "
         f"pgqueuer.run(factory, batch_size={peer.BATCH}, mode=drain) on uvloop; both drains "
         "timed from the database (first claim/pick to last completion/success).",
+        f"graphile-worker {gw_version} from npm in benchmarks/.peers/graphile-worker, driven by"
+        " benchmarks/graphile_peer.mjs (one run() process; each figure on its own fresh"
+        " database): its drain timed from the first task's first line to an empty job table"
+        " (it deletes a job when it completes; polled every 20 ms), batched"
+        f" ({graphile_peer.BATCHED}) and with its defaults ({graphile_peer.DEFAULTS};"
+        f" {graphile_peer.DEFAULTS_JOBS:,} jobs: one at a time it takes 15 s to 3 min for 60,000"
+        " here); addJobs/addJob timed as send_many/send; pickup as ours (its defaults, a"
+        " producer process at 100 jobs/s).",
+        "SQL-only ceiling: pgbench running our claim and complete statements (built from"
+        " worker.queue.sql's pieces) with no worker, on a bare copy of the job table (primary"
+        " key and job_fetch only, no trigger), as complete-and-claim in one statement and as"
+        " claim then complete, with 1 and 2 clients; the fastest is the ceiling"
+        + " (per run: "
+        + "; ".join(f"{c.variant} statement(s) x {c.clients}" for c in ceiling_runs)
+        + ").",
         "The peer column quotes issue 2's medians from 2026-11-29. Measured side by side here:"
         " the drain, pgqueuer's producer (Queries.enqueue on one asyncpg connection, its"
         " driver's model) timed as ours, and its pickup (pgqueuer.run with its defaults, a"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 from api_sender import Sender
 from tests.support.queues import make_queue
@@ -49,3 +51,51 @@ async def test_probe_uses_indexes(pool, sender: Sender) -> None:
         *SQL.probe.args({"queues": ["q"], "stale_seconds": 30.0, "min_retention": 3600.0}),
     )
     assert "Seq Scan on job" not in json.dumps(plan)
+
+
+def _nodes(node: dict[str, Any], *, within: bool = False) -> Iterator[dict[str, Any]]:
+    """``node`` and every node below it; ``within``: only its own inputs (outer, inner,
+    members), not the subplans and CTEs it merely carries."""
+    yield node
+    for child in node.get("Plans", []):
+        if not within or child.get("Parent Relationship") in ("Outer", "Inner", "Member"):
+            yield from _nodes(child, within=within)
+
+
+async def test_completion_joins_no_unnested_array_on_a_generic_plan(pool, sender: Sender) -> None:
+    """A prepared completion runs on a generic plan after five executions, which takes the
+    batch for a row or ten: a join with the unnested arrays is then a nested loop unnesting
+    them again per job (quadratic in the batch). The completion matches by position instead:
+    no join reads a function scan (the arrays unnested), and the rows are read through an index."""
+    await make_queue(pool, "q")
+    await pool.execute(
+        """INSERT INTO jobs.job (queue, state, retry_limit, retry_delay, retry_backoff,
+                                 expire_seconds, completed_at)
+           SELECT 'q', 'completed', 0, 0, false, 900, now() FROM generate_series(1, 50000)"""
+    )
+    await sender.send_many("q", [{} for _ in range(10)])
+    await pool.execute("ANALYZE jobs.job")
+    fence = "'{1,2}', '{1,1}', '00000000-0000-0000-0000-000000000000', '{NULL,NULL}'"
+    for name, statement, types, args in (
+        ("complete", SQL.complete, "bigint[], int[], uuid, timestamptz[]", fence),
+        ("complete_lost", SQL.complete_lost, "bigint[], int[], uuid, timestamptz[]", fence),
+        (
+            "complete_and_claim",
+            SQL.complete_and_claim,
+            "text, int, uuid, bigint[], int[], timestamptz[]",
+            "'q', 5, '00000000-0000-0000-0000-000000000000', '{1,2}', '{1,1}', '{NULL,NULL}'",
+        ),
+    ):
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE {name} ({types}) AS {statement}")
+            [plan] = json.loads(
+                await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name} ({args})")
+            )
+            await conn.execute(f"DEALLOCATE {name}")
+            await conn.execute("ROLLBACK")
+        nodes = list(_nodes(plan["Plan"]))
+        assert not any(n["Node Type"] == "Seq Scan" for n in nodes), name
+        for join in (n for n in nodes if "Join Type" in n):
+            below = list(_nodes(join, within=True))
+            assert not any(m["Node Type"] == "Function Scan" for m in below), name

@@ -224,6 +224,33 @@ async def test_an_outcome_of_a_lost_claim_never_settles_a_later_claim(
     assert await write_outcome(store, second, write)
 
 
+@pytest.mark.parametrize("write", ["complete", "complete_lost", "complete_and_claim"])
+async def test_a_batch_listing_a_job_under_both_claims_completes_the_current_one(
+    pool, sender: Sender, write: str
+) -> None:
+    """One completion batch carrying a job twice, the outcome of its lost claim first and then
+    that of its current claim (same id and attempt), completes the job: each row matches
+    any of its entries, not only the first."""
+    await make_queue(pool, "q", retry_limit=3)
+    job_id = await sender.send("q", {})
+    other_id = await sender.send("q", {})
+    store = store_for(pool)
+    [first] = await store.claim("q", 1)
+    await lose_claim(pool, job_id)
+    second, other = sorted(await store.claim("q", 2), key=lambda j: j.id)
+    assert (second.id, other.id) == (job_id, other_id)
+    batch = [other, first, second]
+    if write == "complete":
+        assert await store.complete(batch) == {job_id, other_id}
+    elif write == "complete_lost":
+        assert await store.complete_lost(batch) == {job_id}  # the stale entry, once
+    else:
+        _, lost = await store.complete_and_claim(batch, "q", 1)
+        assert lost == {job_id}
+    for done in (job_id, other_id):
+        assert (await job_row(pool, done))["st"] == "completed"
+
+
 async def test_a_rescue_of_a_lost_claim_never_settles_a_later_claim(pool, sender: Sender) -> None:
     """A rescue chosen while the first claim was stale matches nothing once that claim was lost
     and the job claimed again under the same owner and attempt; the new claim runs on."""

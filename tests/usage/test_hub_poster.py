@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -168,3 +170,18 @@ async def test_the_secret_never_reaches_the_logs(hub: Hub) -> None:
     assert hub.client_secret not in repr(logs)
     assert hub.client_secret not in repr(downstream)
     assert hub.client_secret not in repr(settings)
+
+
+def test_a_worker_that_does_not_post_to_the_hub_never_imports_httpx() -> None:
+    """The hub poster and httpx load only when asked for: everything ``chassis-worker run``
+    imports leaves them out (about 2 MB of the worker's resident memory), and
+    ``make_downstream`` for the hub brings them in."""
+    code = (
+        "import sys\n"
+        "import worker.boot, worker.cli, worker.commands.jobs, worker.runtime\n"
+        "assert 'httpx' not in sys.modules, 'httpx imported at boot'\n"
+        "from worker.downstream import HubDownstream\n"
+        "assert 'httpx' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

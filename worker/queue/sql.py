@@ -43,14 +43,22 @@ def _claim_update(candidates: str, owner: str, *, lazy_commit: bool = False) -> 
 
 
 def _complete_update(ids: str, attempts: str, claims: str, owner: str) -> str:
-    """The fenced completion UPDATE of jobs ``ids``/``attempts``/``claims`` held by ``owner``."""
+    """The fenced completion UPDATE of jobs ``ids``/``attempts``/``claims`` held by ``owner``.
+
+    No join with ``unnest(...)``: a prepared statement runs on a generic plan, which estimates
+    the batch at one row and plans that join as a nested loop that unnests the three arrays
+    again for every job, so a batch of 200 cost 20-45 ms and one of 400 four times that. Each
+    row instead looks up its own entries by position (``array_positions``, every position of
+    its id, so a job listed twice, claimed again after a lost claim, still matches the entry of
+    its current claim): a scan of the batch in C per row, 3-4 ms for 200.
+    """
     return (
         "UPDATE {s}.job j\n"
         "SET state = 'completed', completed_at = now()\n"
-        f"FROM unnest({ids}::bigint[], {attempts}::int[], {claims}::timestamptz[])"
-        " AS d(id, attempt, started_at)\n"
-        f"WHERE j.id = ANY({ids}::bigint[]) AND j.id = d.id AND j.attempt = d.attempt\n"
-        f"  AND j.started_at = d.started_at AND j.locked_by = {owner} AND j.state = 'active'\n"
+        f"WHERE j.id = ANY({ids}::bigint[]) AND j.locked_by = {owner} AND j.state = 'active'\n"
+        f"  AND EXISTS (SELECT FROM unnest(array_positions({ids}::bigint[], j.id)) AS p\n"
+        f"              WHERE ({attempts}::int[])[p] = j.attempt\n"
+        f"                AND ({claims}::timestamptz[])[p] = j.started_at)\n"
         "RETURNING j.id"
     )
 
@@ -122,8 +130,9 @@ COMPLETE = (
 -- started_at of each).
 -- A job rescued from this worker (or expired), or claimed again after its claim was lost, no
 -- longer matches and is left alone; its id is missing from the result.
--- The rows are found by primary key (id = ANY), never through job_active: that index holds
--- every active job of this owner, and a nested loop over it grows with the square of the batch.
+-- The rows are found by id (id = ANY, or job_active, this owner's active jobs); each matches
+-- its own attempt and claim instant by position in the arrays, with no join (see
+-- _complete_update: a join with unnest() is planned as a nested loop on a generic plan).
 """
     + _complete_update(":ids", ":attempts", ":claims", ":owner")
     + "\n"
