@@ -51,8 +51,13 @@ async def test_a_typed_handler_gets_its_model_and_bad_data_dead_letters_at_once(
                 failed = await conn.fetchval(
                     "SELECT count(*) FROM jobs.job WHERE id = $1 AND state = 'failed'", bad
                 )
-                # Three invoices and the dead letter's copy.
-                if done == 4 and failed == 1:
+                # Three invoices and the dead letter's copy, its completion committed (the
+                # ledger's 'done' is written by the handler, before the completion commits).
+                copy_done = await conn.fetchval(
+                    "SELECT count(*) FROM jobs.job"
+                    " WHERE queue = 'tool-typed-dead' AND state = 'completed'"
+                )
+                if done == 4 and failed == 1 and copy_done == 1:
                     break
                 assert time.monotonic() < deadline, daemon.logs()
                 await asyncio.sleep(0.1)

@@ -75,17 +75,23 @@ async def test_completion_joins_no_unnested_array_on_a_generic_plan(pool, sender
     )
     await sender.send_many("q", [{} for _ in range(10)])
     await pool.execute("ANALYZE jobs.job")
-    fence = "'{1,2}', '{1,1}', '00000000-0000-0000-0000-000000000000', '{NULL,NULL}'"
-    for name, statement, types, args in (
-        ("complete", SQL.complete, "bigint[], int[], uuid, timestamptz[]", fence),
-        ("complete_lost", SQL.complete_lost, "bigint[], int[], uuid, timestamptz[]", fence),
-        (
-            "complete_and_claim",
-            SQL.complete_and_claim,
-            "text, int, uuid, bigint[], int[], timestamptz[]",
-            "'q', 5, '00000000-0000-0000-0000-000000000000', '{1,2}', '{1,1}', '{NULL,NULL}'",
-        ),
+    # Each parameter's type and value by name, listed in the rendered statement's own order.
+    typed = {
+        "ids": ("bigint[]", "'{1,2}'"),
+        "attempts": ("int[]", "'{1,1}'"),
+        "claims": ("timestamptz[]", "'{NULL,NULL}'"),
+        "owner": ("uuid", "'00000000-0000-0000-0000-000000000000'"),
+        "queue": ("text", "'q'"),
+        "limit": ("int", "5"),
+    }
+    for name, rendered in (
+        ("complete", SQL.complete),
+        ("complete_lost", SQL.complete_lost),
+        ("complete_and_claim", SQL.complete_and_claim),
     ):
+        statement = rendered.text
+        types = ", ".join(typed[p][0] for p in rendered.parameters)
+        args = ", ".join(typed[p][1] for p in rendered.parameters)
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             await conn.execute(f"PREPARE {name} ({types}) AS {statement}")
