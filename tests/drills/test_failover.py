@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from api_sender import Sender, new_ulid
-from tests.drills.helpers import SCALE, Fleet, Watch, create_ledger, fetch, runs, sized
+from tests.drills.helpers import SCALE, Fleet, Watch, create_ledger, fetch, runs, sized, wait_for
 from tests.support.hub import Hub
 from tests.support.processes import Daemon
 from tests.support.servers import ReplicatedPair, postgres_bin, scratch_dir
@@ -350,4 +350,93 @@ async def test_failover_with_an_asynchronous_standby_reports_what_was_lost(
         f" {len(out.missing_events)} of {len(out.traffic.events)} accepted events;"
         f" {len(out.duplicates)} jobs ran twice; kill -> first completion"
         f" {out.kill_to_first_completion or float('nan'):.1f}s; no process exited"
+    )
+
+
+async def _completed_on(url: str, ids: list[int]) -> int:
+    rows = await fetch(
+        url,
+        "SELECT count(*) AS n FROM jobs.job WHERE id = ANY($1) AND state = 'completed'",
+        ids,
+    )
+    return int(rows[0]["n"])
+
+
+async def test_a_primary_turning_read_only_is_left_for_the_promoted_standby(
+    fleet: Fleet, drill_report
+):
+    """A primary that stays up but turns read-only (``default_transaction_read_only`` on, as a
+    demotion leaves it) is left at once: with no writable host the processes are not ready
+    but none exits; once the standby is promoted every one is back on it within 10 s and jobs
+    sent there run."""
+    with replicated(synchronous=False) as pair:
+        admin = await asyncpg.connect(pair.primary.url())
+        try:
+            await admin.execute(f'CREATE DATABASE "{DATABASE}"')
+        finally:
+            await admin.close()
+        url = pair.url(DATABASE)
+        await create_ledger(url)
+        workers = await fleet.start_ready(url, count=2)
+        [api] = await fleet.start_ready(url, {"INGEST_TOKEN": TOKEN}, role="api")
+        daemons = [*workers, api]
+        async with Sender.connect(url, max_size=1) as sender:
+            before = await sender.send_many(QUEUE, [{"n": n} for n in range(20)])
+        primary = pair.primary.url(DATABASE)
+
+        async def ran_before() -> bool:
+            return await _completed_on(primary, before) == len(before)
+
+        await wait_for(ran_before, 30, "the first jobs to run")
+        with Watch(daemons, paths=("/readyz",), every=0.2, timeout=2.0) as watch:
+            admin = await asyncpg.connect(pair.primary.url())
+            try:
+                await admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+                await admin.execute("SELECT pg_reload_conf()")
+            finally:
+                await admin.close()
+            demoted = time.time()
+
+            def left(daemon: Daemon) -> bool:
+                return any(
+                    "no longer read-write" in str(e.get("error", ""))
+                    for e in daemon.events()
+                    if e.get("event") == "listener.lost"
+                )
+
+            async def workers_left() -> bool:
+                return all(left(w) for w in workers)
+
+            took_to_leave = await wait_for(workers_left, 10, "the listeners to leave")
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(pair.standby.promote)
+            promoted = time.time()
+
+            async def all_ready() -> bool:
+                return all(d.get("/readyz", timeout=1.0)[0] == 200 for d in daemons)
+
+            await wait_for(all_ready, 10, "every process ready on the new primary")
+            async with Sender.connect(url, max_size=1) as sender:
+                after = await sender.send_many(QUEUE, [{"n": n} for n in range(20)])
+            new_primary = pair.standby.url(DATABASE)
+
+            async def ran_after() -> bool:
+                return await _completed_on(new_primary, after) == len(after)
+
+            await wait_for(ran_after, 10, "jobs sent after the promotion to run on it")
+            back = {d.pid: ready_again_after(watch, d, promoted) for d in daemons}
+            not_ready = [
+                s for s in watch.of("/readyz", since=demoted, until=promoted) if s.status != 200
+            ]
+        assert [d.pid for d in fleet.all if d.process.poll() is not None] == []
+        assert not_ready, "no process said it was not ready while no host was writable"
+        slow = {pid: s for pid, s in back.items() if s is None or s > 10.0}
+        assert not slow, f"not back within 10 s of the promotion: {slow}"
+        assert all_json(daemons) == []
+    drill_report(
+        f"drill 20 demoted primary [{SCALE}]: the primary turned read-only and stayed up; both"
+        f" workers' listeners left it within {took_to_leave:.1f}s, nobody ready meanwhile, none"
+        f" exited; the standby promoted -> all 3 ready within"
+        f" {max(s for s in back.values() if s is not None):.1f}s, and {len(after)} jobs sent"
+        " then ran on it"
     )

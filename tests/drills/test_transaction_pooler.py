@@ -196,13 +196,20 @@ async def test_api_and_workers_through_pgbouncer_lose_nothing(
     )
     assert listeners[0]["n"] == 0
     clean_logs([*workers, api])
-    # An operator command through the pooler too (its connection honours the statement cache).
-    report = await asyncio.to_thread(
-        run_cli, pooled, "queues", "--json", env={**POOLED, **DRILL_ENV}
-    )
+    # The operator commands through the pooler too (their connections honour the cache size).
+    cli_env = {**POOLED, **DRILL_ENV}
+    report = await asyncio.to_thread(run_cli, pooled, "queues", "--json", env=cli_env)
     assert report.returncode == 0, report.stderr
     counts = {q["name"]: q["counts"] for q in json.loads(report.stdout)["queues"]}
     assert counts[QUEUE]["completed"] == jobs
+    listed = await asyncio.to_thread(
+        run_cli, pooled, "jobs", "list", "--queue", QUEUE, "--limit", "3", "--json", env=cli_env
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)["jobs"]) == 3
+    sent = await asyncio.to_thread(run_cli, pooled, "send", QUEUE, "{}", env=cli_env)
+    assert sent.returncode == 0, sent.stderr
+    assert int(sent.stdout.strip()) > 0
     drill_report(
         f"drill 21 transaction pooler [{SCALE}: {bouncer.version()} pool_mode=transaction,"
         f" {bouncer.pool_size} server connections; api + 2 workers, LISTEN_MODE=poll, statement"

@@ -15,13 +15,14 @@ from typing import Any
 
 import structlog
 
-from api_sender import Actor, Sender
+from api_sender import Actor
 
 from ..boot import database_url
 from ..jobs.usage.operator import EVERYTHING, HeldRow, HeldStore, Selection
 from ..settings import Settings
 from .failures import reaching
 from .output import UsageError, print_json
+from .senders import open_sender
 
 log = structlog.get_logger("worker.held")
 
@@ -56,13 +57,7 @@ async def held_command(settings: Settings, args: argparse.Namespace) -> int:
     selection = _selection(args, UsageError)
     url = await database_url(settings)
     async with reaching(url):
-        sender = await Sender.connect(
-            url,
-            schema=settings.jobs_schema,
-            min_size=1,
-            max_size=1,
-            usage_retry=settings.usage_retry,
-        ).open()
+        sender = await open_sender(settings, url)
     try:
         store = HeldStore(sender)
         if args.held_action == "list":
@@ -83,7 +78,7 @@ async def held_command(settings: Settings, args: argparse.Namespace) -> int:
             log.warning("held.discarded", ids=done, count=len(done), actor=actor.principal)
             print(f"discarded {len(done)} event(s); audit row written" if done else "discarded 0")
     finally:
-        await sender.close()
+        await sender.pool.close()
     for event_id in done:
         print(event_id)
     missing = [] if selection.everything else selection.missing(done)

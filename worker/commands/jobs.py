@@ -13,7 +13,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from api_sender import Actor, Job, JobFilter, Sender
+from api_sender import Actor, Job, JobFilter
 from api_sender.events import parse_timestamp
 from api_sender.jobs import ACTION_STATES, STATES, Action, ids_of
 
@@ -21,6 +21,7 @@ from ..boot import database_url
 from ..settings import Settings
 from .held import operator_name
 from .output import UsageError, print_json
+from .senders import sender_for
 
 ACTIONS: tuple[Action, ...] = tuple(ACTION_STATES)
 PAST = {"retry": "retried", "cancel": "cancelled", "resume": "resumed", "delete": "deleted"}
@@ -72,7 +73,7 @@ async def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
     action = args.jobs_action
     target = _target(args, UsageError) if action in ACTIONS else None
     url = await database_url(settings)
-    async with Sender.connect(url, schema=settings.jobs_schema, min_size=1, max_size=1) as sender:
+    async with sender_for(settings, url) as sender:
         jobs = sender.jobs.as_actor(Actor("cli", operator_name()))
         if action == "list":
             page = await jobs.list(
@@ -116,7 +117,7 @@ async def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
 async def queue_action_command(settings: Settings, args: argparse.Namespace) -> int:
     """``queues pause|resume Q`` and ``queues purge Q [--yes]``."""
     url = await database_url(settings)
-    async with Sender.connect(url, schema=settings.jobs_schema, min_size=1, max_size=1) as sender:
+    async with sender_for(settings, url) as sender:
         queue = args.queue
         if args.queue_action == "purge" and not args.yes:
             n = await sender.jobs.count_waiting(JobFilter(queue=queue))

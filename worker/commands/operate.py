@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from api_sender import InvalidJob, QueueNotFound, Sender
+from api_sender import InvalidJob, QueueNotFound
 from api_sender.jobs import STATES
 
 from ..boot import database_url, run, session_url
@@ -20,6 +20,7 @@ from ..queue_report import queue_report as report_on
 from ..settings import Settings
 from .failures import reaching
 from .output import UsageError, print_json
+from .senders import open_sender
 from .sending import prepare_send
 
 
@@ -118,13 +119,13 @@ async def send_command(settings: Settings, args: argparse.Namespace) -> int:
     )
     url = await database_url(settings)
     async with reaching(url):
-        sender = await Sender.connect(url, schema=settings.jobs_schema, max_size=1).open()
+        sender = await open_sender(settings, url)
     try:
         job_id = await sender.send_with(args.queue, data, options)
     except (InvalidJob, QueueNotFound) as exc:
         raise UsageError(f"error: {exc}") from None
     finally:
-        await sender.close()
+        await sender.pool.close()
     if job_id is None:
         print("not sent: the queue's policy already holds a job with that key", file=sys.stderr)
         return 1

@@ -46,6 +46,30 @@ def check_database_url(url: str) -> None:
                 raise ValueError(f"{name} must be one of {', '.join(sorted(allowed))}")
 
 
+def target_session_attrs(url: str) -> str:
+    """``url``'s ``target_session_attrs`` ('' when it has none)."""
+    try:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query) if parts.query else {}
+    except ValueError:
+        return ""
+    return query.get("target_session_attrs", [""])[-1]
+
+
+def session_left_behind(attrs: str, settings: object) -> bool:
+    """Whether a connection opened for ``target_session_attrs`` ``attrs`` no longer has the
+    server it asked for, from the parameters the server reports (asyncpg ``get_settings()``,
+    no round trip): ``read-write`` and the session is read-only (a hot standby, or
+    ``default_transaction_read_only`` on: a demoted primary); ``primary`` and it is a hot
+    standby. Reconnecting then finds the host that is."""
+    standby = getattr(settings, "in_hot_standby", "off") == "on"
+    if attrs == "read-write":
+        return standby or getattr(settings, "default_transaction_read_only", "off") == "on"
+    if attrs == "primary":
+        return standby
+    return False
+
+
 def _port_of(host: str) -> str:
     """The port part of ``host``, ``[v6]:port`` or ``name:port`` ('' when absent)."""
     if host.startswith("["):

@@ -21,6 +21,7 @@ from api_sender.schema import notify_channel
 
 from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay, connect
+from ..db.urls import session_left_behind, target_session_attrs
 from ..metrics import DB_RECONNECTS
 from .availability import Availability
 from .sql import QueueStatements
@@ -50,6 +51,8 @@ class Dispatcher:
     ) -> None:
         self._availability = availability or Availability()
         self._url = url
+        #: What the URL asks of its server (read-write: leave one that turns read-only).
+        self._attrs = target_session_attrs(url)
         #: LISTEN_MODE=poll: the pool the probe runs through (no LISTEN at all).
         self._poll_through = poll_through
         self._channel = notify_channel(schema)
@@ -204,3 +207,11 @@ class Dispatcher:
             self._kick = anyio.Event()
             if self._lost.is_set():
                 raise asyncpg.ConnectionDoesNotExistError("listener connection closed")
+            if isinstance(conn, asyncpg.Connection) and session_left_behind(
+                self._attrs, conn.get_settings()
+            ):
+                # A demoted primary: LISTEN there would hear no send, and its probe would read
+                # a server the writes left. Reconnect; target_session_attrs finds the new one.
+                raise asyncpg.ConnectionDoesNotExistError(
+                    f"the listener's server is no longer {self._attrs}; reconnecting"
+                )
