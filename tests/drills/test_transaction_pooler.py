@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from api_sender import Sender, create_pool, new_ulid
+from api_sender import Sender, new_ulid
 from tests.drills.helpers import (
     DRILL_ENV,
     SCALE,
@@ -118,10 +118,10 @@ def post_events(url: str, n: int) -> set[str]:
 
 
 async def send_from_tasks(url: str, total: int, tasks: int) -> tuple[set[int], float]:
-    """``total`` single sends through ``url`` from ``tasks`` concurrent tasks on one pool of
-    api_sender with no statement cache; the ids, and the seconds it took."""
-    pool = await create_pool(url, min_size=1, max_size=20, statement_cache_size=0)
-    sender = Sender(pool)
+    """``total`` single sends through ``url`` from ``tasks`` concurrent tasks on one
+    ``Sender.connect(url, pooled=True)`` (no named prepared statement); the ids, and the seconds
+    it took."""
+    sender = await Sender.connect(url, min_size=1, max_size=20, pooled=True).open()
     ids: set[int] = set()
 
     async def one_task(k: int) -> None:
@@ -134,7 +134,7 @@ async def send_from_tasks(url: str, total: int, tasks: int) -> tuple[set[int], f
     try:
         await asyncio.gather(*(one_task(k) for k in range(tasks)))
     finally:
-        await pool.close()
+        await sender.close()
     return ids, time.monotonic() - began
 
 
