@@ -70,6 +70,9 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     sql50: list[float] = []
     sql99: list[float] = []
     sql_many: list[float] = []
+    sync50: list[float] = []
+    sync99: list[float] = []
+    sync_many: list[float] = []
     ours, theirs, ratios, rss = [], [], [], []
     pick50, pick99, commits, wal = [], [], [], []
     peer_pick50: list[float] = []
@@ -102,6 +105,14 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         progress(
             f"run {run + 1}: SELECT jobs.send p50 {s50:.3f} ms, p99 {s99:.3f} ms;"
             f" jobs.send_many {sql_one:,.0f} jobs/s"
+        )
+        y50, y99 = await surviving_restarts(enqueue.sync_send_latency)
+        sync50.append(y50)
+        sync99.append(y99)
+        sync_many.append(await surviving_restarts(enqueue.sync_send_many_rate))
+        progress(
+            f"run {run + 1}: SyncSender.send p50 {y50:.3f} ms, p99 {y99:.3f} ms;"
+            f" SyncSender.send_many {sync_many[-1]:,.0f} jobs/s"
         )
         theirs_send = await surviving_restarts(lambda: peer.pgqueuer_send(enqueue.SINGLE_SENDS))
         peer_chunked.append(theirs_send.chunked)
@@ -290,6 +301,17 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             lambda v: v <= 1.3,
             digits=2,
         ),
+        _info("SyncSender.send p50 (psycopg 3, in sequence)", sync50, "ms", digits=3),
+        _info("SyncSender.send p99", sync99, "ms", digits=3),
+        measured(
+            "SyncSender.send p50 / floor p50",
+            _ratios(sync50, floor50),
+            "x",
+            "<= 1.3x",
+            lambda v: v <= 1.3,
+            digits=2,
+        ),
+        _info("SyncSender.send_many, 20,000 jobs in one call", sync_many, "jobs/s"),
         measured(
             "jobs.send_many 20,000 in one call / Sender.send_many",
             _ratios(sql_many, many),

@@ -1,14 +1,16 @@
-"""Producer figures: ``send_many`` throughput and single ``send`` latency, through ``Sender`` and
-through the SQL functions (``SELECT jobs.send(...)``) over a bare asyncpg connection."""
+"""Producer figures: ``send_many`` throughput and single ``send`` latency, through ``Sender``,
+through ``SyncSender`` (psycopg 3) and through the SQL functions (``SELECT jobs.send(...)``) over
+a bare asyncpg connection."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 import asyncpg
 
-from api_sender import Sender
+from api_sender import Sender, SyncSender
 
 from .common import install_queues, percentile, scratch_database
 from .noop import DRAIN, DRAIN_QUEUE
@@ -124,3 +126,42 @@ async def sql_send_many_rate() -> tuple[float, float]:
                 await conn.close()
         rates.append(SEND_MANY_JOBS / elapsed)
     return rates[0], rates[1]
+
+
+def _sync_send_latency(url: str) -> tuple[float, float]:
+    with SyncSender.connect(url) as sender:
+        for i in range(SINGLE_WARMUP):
+            sender.send(DRAIN_QUEUE, {"n": i})
+        samples = []
+        for i in range(SINGLE_SENDS):
+            started = time.perf_counter()
+            sender.send(DRAIN_QUEUE, {"n": i})
+            samples.append(time.perf_counter() - started)
+    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+
+
+async def sync_send_latency() -> tuple[float, float]:
+    """p50 and p99 (ms) of 5,000 ``SyncSender.send`` calls (psycopg 3, its own autocommit
+    connection) one after another, in a thread, timed as :func:`single_send_latency`."""
+    async with scratch_database("sync_send") as url:
+        await install_queues(url, DRAIN)
+        return await asyncio.to_thread(_sync_send_latency, url)
+
+
+def _sync_send_many(url: str) -> float:
+    payloads = [{"n": i, "kind": "bench"} for i in range(SEND_MANY_JOBS)]
+    with SyncSender.connect(url) as sender:
+        sender.send_many(DRAIN_QUEUE, payloads[:10])
+        started = time.perf_counter()
+        ids = sender.send_many(DRAIN_QUEUE, payloads)
+        elapsed = time.perf_counter() - started
+    assert len(ids) == SEND_MANY_JOBS
+    return SEND_MANY_JOBS / elapsed
+
+
+async def sync_send_many_rate() -> float:
+    """Jobs/s of 20,000 jobs in one ``SyncSender.send_many``, after a 10-job warm-up, on a fresh
+    database, as :func:`send_many_rate`."""
+    async with scratch_database("sync_send_many") as url:
+        await install_queues(url, DRAIN)
+        return await asyncio.to_thread(_sync_send_many, url)
