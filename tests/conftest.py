@@ -16,6 +16,7 @@ import pytest
 import structlog
 
 from api_sender import Sender, create_pool
+from tests.support.hub import Hub
 from tests.support.postgres import (
     create_database,
     drop_database,
@@ -168,3 +169,14 @@ def captured_logs() -> Iterator[list[dict[str, object]]]:
     """structlog events emitted during the test."""
     with structlog.testing.capture_logs() as logs:
         yield logs
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    """A healthy hub on loopback (a real HTTP server a test can make fail, hang or answer
+    held), stopped after the test."""
+    server = Hub().start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -47,16 +47,6 @@ IN_FLIGHT_GRACE = 5.0
 LAG_SECONDS = sized(1.0, 3.0)
 
 
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    """A hub on loopback, stopped after the drill."""
-    server = Hub().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @contextlib.contextmanager
 def replicated(synchronous: bool) -> Iterator[ReplicatedPair]:
     """A primary and its standby, each on a port of its own, removed afterwards."""

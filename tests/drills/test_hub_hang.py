@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -27,16 +26,6 @@ pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 TOKEN = "drill-ingest-token"
 TIMEOUT = 1.0
-
-
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    """A hub on loopback, stopped after the drill."""
-    server = Hub().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def post_events(url: str, n: int) -> set[str]:

@@ -64,16 +64,6 @@ def bouncer() -> Iterator[PgBouncer]:
             server.stop()
 
 
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    """A hub on loopback, stopped after the drill."""
-    server = Hub().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def through(bouncer: PgBouncer, url: str) -> str:
     """``url``'s database, reached through PgBouncer."""
     return bouncer.url(urlsplit(url).path.lstrip("/"))

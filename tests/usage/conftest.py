@@ -14,7 +14,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.hub import Hub
 from tests.support.processes import Daemon, start_daemon
 from worker.install import install_queues
 from worker.jobs.usage import usage_jobs
@@ -35,16 +34,6 @@ FAST_USAGE = {
     "HUB_TIMEOUT_SECONDS": "2",
     "POLL_INTERVAL_SECONDS": "0.5",
 }
-
-
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    """A healthy hub on loopback, stopped after the test."""
-    server = Hub().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def usage_settings(db_url: str, **overrides: Any) -> Settings:
