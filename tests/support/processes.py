@@ -49,9 +49,52 @@ _NOT_INHERITED = ("DATABASE_", "SERVICE_", "TOOL_", "POLL_", "LOG_")
 _handed_out: set[int] = set()
 
 
+#: Ports handed out lie below the kernel's ephemeral range, in a block of their own per pytest-xdist
+#: worker. A port the kernel picks for bind(0) is ephemeral: between the test's check and the
+#: daemon's bind, any outgoing connection of any process (a PostgreSQL client, say) may take it
+#: as its local port, and the daemon then fails with "address already in use" (seen under load).
+#: Below that range only a listener can take a port, and the per-worker blocks keep parallel
+#: workers from handing out the same one.
+_PORT_BLOCK = 1000
+_PORT_BASE = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_block() -> range:
+    """This process's block: by xdist worker (gw0, gw1, ...), else by pid, below the ephemeral
+    range (empty when the range starts too low to leave room)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    slots = max(0, (_ephemeral_low() - _PORT_BASE) // _PORT_BLOCK)
+    if slots == 0:
+        return range(0)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else os.getpid()
+    start = _PORT_BASE + (index % slots) * _PORT_BLOCK
+    return range(start, start + _PORT_BLOCK)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now and not handed out before by this process."""
-    while True:
+    """A TCP port nothing listens on right now, not handed out before by this process, and out
+    of the kernel's ephemeral range where it can (see :data:`_PORT_BLOCK`)."""
+    for port in _port_block():
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    while True:  # no room below the ephemeral range, or the block is used up
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
