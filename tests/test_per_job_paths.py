@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from worker.metrics import DurationTally
 from worker.queue.jobs import JOB_COLUMNS, ClaimedJob, decode_payload
 from worker.queue.sql import _JOB_COLUMNS
+from worker.queue.store import _ordered
 
 BUCKETS = (0.001, 0.005, 0.02, 0.1, 0.5, 2, 10, 60, 300)
 AMOUNTS = [0.0, 1e-6, 0.001, 0.0010001, 0.005, 0.3, 2.0, 59.9, 300.0, 301.0, 1e9, -0.5]
@@ -106,3 +107,12 @@ anyio.run(main)
     assert (events["running"]["job_id"], events["running"]["attempt"]) == (41, 3)
     assert (events["own"]["job_id"], events["own"]["attempt"]) == (1, 1)
     assert (events["child"]["job_id"], events["child"]["attempt"]) == (41, 3)
+
+
+def test_claimed_jobs_run_in_priority_then_id_order() -> None:
+    now = datetime.now(UTC)
+    keys = [(3, 0), (1, 5), (2, 0), (9, 5), (4, -1), (8, 0), (5, 5), (7, -1), (6, 0)]
+    jobs = [ClaimedJob.from_values("q", (i, None, 1, 0, 0, None, 9, p, now, now)) for i, p in keys]
+    ordered = _ordered(list(jobs))
+    expected = sorted(jobs, key=lambda j: (-j.priority, j.id))
+    assert [j.id for j in ordered] == [j.id for j in expected]
