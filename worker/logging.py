@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
+from contextvars import ContextVar
 from typing import Any, TextIO
 
 import structlog
@@ -16,6 +17,21 @@ _LEVELS = {
     "error": logging.ERROR,
 }
 _SECRET_MARKERS = ("secret", "password", "token", "authorization")
+
+
+#: The job the current task runs, as ``(job_id, attempt)``: a runner sets it per job (one
+#: ``ContextVar.set``, no structlog binding), and every line logged in that task, or in a task
+#: started from it meanwhile, carries both (unless the line names them itself).
+CURRENT_JOB: ContextVar[tuple[int, int] | None] = ContextVar("chassis_current_job", default=None)
+
+
+def _add_current_job(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """``job_id`` and ``attempt`` of :data:`CURRENT_JOB`, read only when a line is logged."""
+    job = CURRENT_JOB.get()
+    if job is not None:
+        event.setdefault("job_id", job[0])
+        event.setdefault("attempt", job[1])
+    return event
 
 
 def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -45,6 +61,7 @@ def configure_logging(
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_current_job,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _redact,

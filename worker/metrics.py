@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from prometheus_client import Counter, Gauge, Histogram
 
 USAGE_HELD = Counter(
@@ -48,3 +50,45 @@ DB_RECONNECTS = Counter(
     "db_reconnects_total", "Reconnections of a dedicated connection", ["connection"]
 )
 READY = Gauge("worker_ready", "1 when /readyz answers 200")
+
+
+class DurationTally:
+    """Observations of one labelled histogram (``JOB_DURATION.labels(queue)``) counted here,
+    without a lock, and added to it by :meth:`flush` in one go: one increment per bucket used
+    and one of the sum, instead of two locked increments per observation.
+
+    The caller flushes before the observations' jobs show as finished (the poller, whenever
+    outcomes of its queue are written), so /metrics never lags the outcome counters. Relies on
+    ``prometheus_client``'s histogram layout (``_upper_bounds``, ``_buckets`` counted per bucket,
+    ``_sum``); tests/test_metrics_tally.py compares the exposition with ``observe``'s.
+    """
+
+    __slots__ = ("_bounds", "_child", "_counts", "_pending", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._child = child
+        self._bounds: list[float] = list(child._upper_bounds)
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._pending = False
+
+    def observe(self, amount: float) -> None:
+        """Count one observation (``Histogram.observe``: the first bucket whose bound is at
+        least ``amount``; the last bound is +Inf)."""
+        self._counts[bisect_left(self._bounds, amount)] += 1
+        self._sum += amount
+        self._pending = True
+
+    def flush(self) -> None:
+        """Add what was counted since the last flush to the histogram."""
+        if not self._pending:
+            return
+        child = self._child
+        child._sum.inc(self._sum)
+        counts = self._counts
+        for i, n in enumerate(counts):
+            if n:
+                child._buckets[i].inc(n)
+                counts[i] = 0
+        self._sum = 0.0
+        self._pending = False

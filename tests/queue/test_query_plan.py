@@ -62,11 +62,14 @@ def _nodes(node: dict[str, Any], *, within: bool = False) -> Iterator[dict[str, 
             yield from _nodes(child, within=within)
 
 
-async def test_completion_joins_no_unnested_array_on_a_generic_plan(pool, sender: Sender) -> None:
+async def test_batched_writes_join_no_unnested_array_on_a_generic_plan(
+    pool, sender: Sender
+) -> None:
     """A prepared completion runs on a generic plan after five executions, which takes the
     batch for a row or ten: a join with the unnested arrays is then a nested loop unnesting
-    them again per job (quadratic in the batch). The completion matches by position instead:
-    no join reads a function scan (the arrays unnested), and the rows are read through an index."""
+    them again per job (quadratic in the batch). The completion, the failure and the hand-back
+    match by position instead: no join reads a function scan (the arrays unnested), and the
+    rows are read through an index."""
     await make_queue(pool, "q")
     await pool.execute(
         """INSERT INTO jobs.job (queue, state, retry_limit, retry_delay, retry_backoff,
@@ -83,11 +86,16 @@ async def test_completion_joins_no_unnested_array_on_a_generic_plan(pool, sender
         "owner": ("uuid", "'00000000-0000-0000-0000-000000000000'"),
         "queue": ("text", "'q'"),
         "limit": ("int", "5"),
+        "owners": ("uuid[]", "'{00000000-0000-0000-0000-000000000000,NULL}'"),
+        "errors": ("text[]", "'{a,b}'"),
+        "finals": ("bool[]", "'{false,true}'"),
     }
     for name, rendered in (
         ("complete", SQL.complete),
         ("complete_lost", SQL.complete_lost),
         ("complete_and_claim", SQL.complete_and_claim),
+        ("fail", SQL.fail),
+        ("hand_back", SQL.hand_back),
     ):
         statement = rendered.text
         types = ", ".join(typed[p][0] for p in rendered.parameters)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import json.scanner
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,6 +12,40 @@ from typing import Any
 import asyncpg
 
 from ..declarations import JobInfo
+
+#: The claim statements' job columns, in their order (``_JOB_COLUMNS`` of ``worker.queue.sql``).
+JOB_COLUMNS = (
+    "id",
+    "data",
+    "attempt",
+    "retry_count",
+    "retry_limit",
+    "singleton_key",
+    "expire_seconds",
+    "priority",
+    "start_after",
+    "started_at",
+)
+
+#: The C scanner that ``json.loads`` itself runs, called directly (see :func:`decode_payload`).
+#: (typeshed declares make_scanner as taking another scanner; it takes the decoder.)
+_scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]
+)
+
+
+def decode_payload(text: str) -> Any:
+    """``json.loads(text)``, a quarter of its cost for a small payload: the scanner straight on
+    the text (PostgreSQL's jsonb text has no surrounding whitespace); anything else (leading or
+    trailing whitespace, extra data, invalid JSON) goes through ``json.loads`` itself, so the
+    value and the errors are exactly its own."""
+    try:
+        value, end = _scan(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value
 
 
 @dataclass(slots=True)
@@ -33,8 +69,38 @@ class ClaimedJob:
     started_at: datetime
 
     @classmethod
+    def from_values(cls, queue: str, values: tuple[Any, ...]) -> ClaimedJob:
+        """Build from a claim row's job columns as a tuple in :data:`JOB_COLUMNS` order (by
+        position: a quarter of the cost of looking each column up by name)."""
+        (
+            job_id,
+            raw_data,
+            attempt,
+            retry_count,
+            retry_limit,
+            singleton_key,
+            expire_seconds,
+            priority,
+            start_after,
+            started_at,
+        ) = values
+        return cls(
+            job_id,
+            queue,
+            attempt,
+            retry_count,
+            retry_limit,
+            singleton_key,
+            expire_seconds,
+            priority,
+            start_after,
+            raw_data,
+            started_at,
+        )
+
+    @classmethod
     def from_row(cls, queue: str, row: asyncpg.Record) -> ClaimedJob:
-        """Build from a claim statement's row."""
+        """Build from a claim statement's row, by column name."""
         return cls(
             id=row["id"],
             queue=queue,
@@ -52,7 +118,7 @@ class ClaimedJob:
     @property
     def data(self) -> Any:
         """The decoded payload (``None`` for a cron run)."""
-        return None if self.raw_data is None else json.loads(self.raw_data)
+        return None if self.raw_data is None else decode_payload(self.raw_data)
 
     def info(self) -> JobInfo:
         """The public view a handler receives."""

@@ -11,7 +11,8 @@ import anyio
 import structlog
 
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
-from ..metrics import JOB_DURATION
+from ..logging import CURRENT_JOB
+from ..metrics import JOB_DURATION, DurationTally
 from .availability import Availability
 from .completer import Completer
 from .holdings import Holdings
@@ -105,7 +106,8 @@ class Poller:
         self._idle: deque[anyio.Event] = deque()
         self._waking = 0
         self._closed = False
-        self._duration = JOB_DURATION.labels(consumer.queue)
+        #: Handler run times, added to job_duration_seconds whenever outcomes are written.
+        self._duration = DurationTally(JOB_DURATION.labels(consumer.queue))
         self._batches = consumer.run_batch is not None
         #: Batches claimed whose handler has not finished (batch consumers only).
         self._busy = 0
@@ -164,6 +166,7 @@ class Poller:
                         self._waking += 1
                         self._idle.popleft().set()
         finally:
+            self._duration.flush()
             self.stopped.set()
 
     def _room(self) -> int:
@@ -177,6 +180,7 @@ class Poller:
 
     def _settled(self, n: int) -> None:
         """The completer wrote ``n`` outcomes of this queue: their slots are free."""
+        self._duration.flush()
         self._held -= n
         self._wake_fetcher()
 
@@ -331,7 +335,8 @@ class Poller:
         run_job = self.consumer.run_job
         assert run_job is not None
         started = time.perf_counter()
-        structlog.contextvars.bind_contextvars(job_id=job.id, attempt=job.attempt)
+        # Every line logged while it runs names the job (see worker.logging.CURRENT_JOB).
+        CURRENT_JOB.set((job.id, job.attempt))
         expiry.start(job.expire_seconds)
         self._current[job.id] = expiry.scope
         try:

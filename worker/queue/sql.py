@@ -191,27 +191,34 @@ FAIL = """
 -- install), its copies take the policy minus that limit (short -> standard, stately ->
 -- singleton). No ON CONFLICT clause: a copy is never dropped silently.
 -- The claim instant (claims, started_at) fences too: a claim lost and taken again is not failed.
-WITH f AS (
-    -- A missing flag (a shorter finals pads with NULL) is an ordinary failure, never a final one.
-    SELECT id, attempt, owner, error, started_at, COALESCE(final, false) AS final
-    FROM unnest(:ids::bigint[], :attempts::int[], :owners::uuid[], :errors::text[],
-                :claims::timestamptz[], :finals::bool[])
-        AS f(id, attempt, owner, error, started_at, final)
-), upd AS (
+-- No join with unnest(...) (see _complete_update: on a generic plan that join is a nested loop
+-- unnesting the six arrays again for every job): each row finds its own entry by position.
+-- A missing entry (a shorter array) reads NULL: it fences nothing, and a missing final flag is an
+-- ordinary failure, never a final one.
+WITH upd AS (
     UPDATE {s}.job j
-    SET state = CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
-                     THEN 'retry'::{s}.job_state ELSE 'failed'::{s}.job_state END,
-        start_after = CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
-            THEN now() + make_interval(secs => j.retry_delay
-                 * CASE WHEN j.retry_backoff THEN power(2, LEAST(j.retry_count, 24)) ELSE 1 END)
-            ELSE j.start_after END,
-        completed_at = CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
-                            THEN NULL ELSE now() END,
-        retry_count = j.retry_count + 1,
-        output = jsonb_build_object('error', f.error, 'attempt', f.attempt)
-    FROM f
-    WHERE j.id = f.id AND j.attempt = f.attempt AND j.locked_by = f.owner AND j.state = 'active'
-      AND j.started_at = f.started_at
+    SET (state, start_after, completed_at, retry_count, output) = (
+        SELECT CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
+                    THEN 'retry'::{s}.job_state ELSE 'failed'::{s}.job_state END,
+               CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
+                    THEN now() + make_interval(secs => j.retry_delay
+                         * CASE WHEN j.retry_backoff THEN power(2, LEAST(j.retry_count, 24))
+                                ELSE 1 END)
+                    ELSE j.start_after END,
+               CASE WHEN j.retry_count < j.retry_limit AND NOT f.final
+                    THEN NULL ELSE now() END,
+               j.retry_count + 1,
+               jsonb_build_object('error', f.error, 'attempt', f.attempt)
+        FROM (SELECT (:errors::text[])[p] AS error, (:attempts::int[])[p] AS attempt,
+                     COALESCE((:finals::bool[])[p], false) AS final
+              FROM unnest(array_positions(:ids::bigint[], j.id)) AS p
+              WHERE (:attempts::int[])[p] = j.attempt AND (:owners::uuid[])[p] = j.locked_by
+                AND (:claims::timestamptz[])[p] = j.started_at
+              LIMIT 1) f)
+    WHERE j.id = ANY(:ids::bigint[]) AND j.state = 'active'
+      AND EXISTS (SELECT FROM unnest(array_positions(:ids::bigint[], j.id)) AS p
+                  WHERE (:attempts::int[])[p] = j.attempt AND (:owners::uuid[])[p] = j.locked_by
+                    AND (:claims::timestamptz[])[p] = j.started_at)
     RETURNING j.id, j.queue, j.state, j.data, j.priority, j.start_after
 ), dead AS (
     INSERT INTO {s}.job (queue, policy, data, priority, retry_limit, retry_delay, retry_backoff,
@@ -241,14 +248,14 @@ FROM upd u
 HAND_BACK = """
 -- hand back: jobs this worker claimed but will not run (shutdown, grace exceeded) are due again
 -- at once, in state retry so no queue policy can refuse them, without counting a failure.
--- Fenced as complete is (owner, attempt, claim instant).
+-- Fenced as complete is (owner, attempt, claim instant), matched by position as complete is.
 WITH back AS (
     UPDATE {s}.job j
     SET state = 'retry', start_after = now(), started_at = NULL, locked_by = NULL
-    FROM unnest(:ids::bigint[], :attempts::int[], :claims::timestamptz[])
-        AS d(id, attempt, started_at)
-    WHERE j.id = d.id AND j.attempt = d.attempt AND j.locked_by = :owner AND j.state = 'active'
-      AND j.started_at = d.started_at
+    WHERE j.id = ANY(:ids::bigint[]) AND j.locked_by = :owner AND j.state = 'active'
+      AND EXISTS (SELECT FROM unnest(array_positions(:ids::bigint[], j.id)) AS p
+                  WHERE (:attempts::int[])[p] = j.attempt
+                    AND (:claims::timestamptz[])[p] = j.started_at)
     RETURNING j.id, j.queue
 ), note AS (
     SELECT pg_notify('{channel}', queue) FROM (SELECT DISTINCT queue FROM back) x

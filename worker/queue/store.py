@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 
 from ..db import statements as db
-from .jobs import ClaimedJob
+from .jobs import JOB_COLUMNS, ClaimedJob
 from .sql import QueueStatements
 
 
@@ -44,7 +45,7 @@ class JobStore:
             # Another replica claimed a job of the same key at the same instant: the policy
             # index refused ours. Nothing was claimed; the next round sees the active job.
             return []
-        return _ordered([ClaimedJob.from_row(queue, row) for row in rows])
+        return _ordered(_claimed(queue, rows, 0))
 
     async def complete_and_claim(
         self, done: Sequence[ClaimedJob], queue: str, limit: int
@@ -70,8 +71,9 @@ class JobStore:
             lost = await self.complete_lost(done)
             return await self.claim(queue, limit, one_per_key=True), lost
         lost = set(rows[0]["lost"])
-        jobs = [ClaimedJob.from_row(queue, row) for row in rows if row["id"] is not None]
-        return _ordered(jobs), lost
+        if rows[0]["id"] is None:  # nothing claimed: the one row carries only "lost"
+            return [], lost
+        return _ordered(_claimed(queue, rows, 1)), lost
 
     async def complete(self, jobs: Sequence[ClaimedJob]) -> set[int]:
         """Complete ``jobs``; return the ids that still matched their claim (the others were
@@ -149,8 +151,28 @@ def storable_text(text: str) -> str:
     return joined.replace("\x00", "")
 
 
+def _claimed(queue: str, rows: list[asyncpg.Record], skip: int) -> list[ClaimedJob]:
+    """The jobs of a claim's rows, whose job columns follow ``skip`` others. By position when
+    the columns are :data:`JOB_COLUMNS` in order (checked once per batch), else by name."""
+    if not rows:
+        return []
+    if tuple(rows[0].keys())[skip:] != JOB_COLUMNS:
+        return [ClaimedJob.from_row(queue, row) for row in rows]
+    from_values = ClaimedJob.from_values
+    if skip:
+        return [from_values(queue, tuple(row)[skip:]) for row in rows]
+    return [from_values(queue, tuple(row)) for row in rows]
+
+
+_ID = attrgetter("id")
+_PRIORITY = attrgetter("priority")
+
+
 def _ordered(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
-    """Priority, then id order (UPDATE ... RETURNING promises no order)."""
+    """Priority, then id order (UPDATE ... RETURNING promises no order): by id, then by
+    priority, highest first (a stable sort keeps the id order among equals; two sorts on C
+    keys cost less than one on a tuple built per job)."""
     if len(jobs) > 1:
-        jobs.sort(key=lambda job: (-job.priority, job.id))
+        jobs.sort(key=_ID)
+        jobs.sort(key=_PRIORITY, reverse=True)
     return jobs
