@@ -83,6 +83,7 @@ class Sender:
     async def close(self) -> None:
         """Close the pool if this sender opened it."""
         if self._owns_pool:
+            await self._driver.return_kept()
             await self._pool.close()
 
     async def __aenter__(self) -> Self:
@@ -188,6 +189,7 @@ class _Connecting:
         )
         sender = cls(pool, schema=schema, usage_retry=usage_retry)
         sender._owns_pool = True
+        sender._driver.keep_connections()
         return sender
 
     async def __aenter__(self) -> Sender:
