@@ -22,11 +22,13 @@ class AsyncpgDriver(Bound):
     On a pool the Sender opened itself (:meth:`keep_connections`), a connection a statement
     ran on is kept at hand for the next operation instead of going back through asyncpg's
     acquire and release (a task and extra loop turns per send). Only a connection that ended
-    its statement cleanly is kept: idle, open, not in a transaction, not cancelling. On any
-    other outcome (a cancellation mid-statement, a client-side error) it goes back through
-    the pool's own release, which waits out the cancellation and resets or closes it. Kept
-    connections return to the pool at most ``KEEP_SECONDS`` after they were kept, so the
-    pool's other users, ``close()`` and the pool's own housekeeping see them again.
+    its statement cleanly (a result or a database error) is kept: open and not in a
+    transaction, and only while no operation of this sender waits for a connection of the pool.
+    On any other outcome (a cancellation mid-statement, a client-side error) it goes back
+    through the pool's own release, which waits out the cancellation and resets or closes it.
+    Kept connections return to the pool at most ``KEEP_SECONDS`` after they were kept, so the
+    pool's other users (``sender.pool.acquire()``), ``close()`` and the pool's own housekeeping
+    see them again.
     """
 
     def __init__(self, executor: asyncpg.Pool | asyncpg.Connection, schema: str) -> None:
@@ -35,6 +37,7 @@ class AsyncpgDriver(Bound):
         self._kept: list[Any] | None = None
         self._sweep: asyncio.TimerHandle | None = None
         self._releasing: set[asyncio.Task[None]] = set()
+        self._waiting = 0
 
     def keep_connections(self) -> None:
         """Keep connections at hand between operations (a pool the Sender owns)."""
@@ -95,12 +98,18 @@ class AsyncpgDriver(Bound):
             if _usable(conn):
                 return conn
             await self._release(conn)
-        return await cast("asyncpg.Pool", self._executor).acquire()
+        # Counted: while an operation of ours waits here, a connection is given back to the
+        # pool rather than kept, so the waiter gets it now, not at the next sweep.
+        self._waiting += 1
+        try:
+            return await cast("asyncpg.Pool", self._executor).acquire()
+        finally:
+            self._waiting -= 1
 
     def _keep(self, conn: Any) -> bool:
         """Keep ``conn`` for the next operation if it ended clean (else the caller releases it)."""
         assert self._kept is not None
-        if not _usable(conn) or conn.is_in_transaction():
+        if self._waiting or not _usable(conn) or conn.is_in_transaction():
             return False
         self._kept.append(conn)
         if self._sweep is None:

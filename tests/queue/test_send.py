@@ -237,3 +237,14 @@ async def test_a_send_cancelled_mid_statement_leaves_no_connection_behind(
         rows = await pool.fetch("SELECT id, data->>'n' AS n FROM jobs.job ORDER BY id")
         assert [row["n"] for row in rows] == ["0", "2"]
         assert rows[-1]["id"] == after
+
+
+async def test_concurrent_sends_on_an_owned_sender_share_its_connections(db_url: str, pool) -> None:
+    """Sends from many tasks at once on Sender.connect's small pool all store their job once:
+    a kept connection goes to a task waiting for one (the pool's release), not aside."""
+    await make_queue(pool, "q")
+    async with Sender.connect(db_url, min_size=1, max_size=2) as own:
+        ids = await asyncio.gather(*(own.send("q", {"n": n}) for n in range(60)))
+        more = await asyncio.gather(*(own.send("q", {"n": n}) for n in range(60, 80)))
+    assert len(set(ids) | set(more)) == 80
+    assert await pool.fetchval("SELECT count(*) FROM jobs.job") == 80
