@@ -66,7 +66,9 @@ class Sender:
         """Open a pool of its own; use as ``async with Sender.connect(url) as sender``.
 
         ``pooled=True`` (behind a transaction-mode pooler such as PgBouncer) turns asyncpg's
-        statement cache off, so no named prepared statement is ever made.
+        statement cache off, so no named prepared statement is ever made. Between sends the
+        sender keeps the connection it last used at hand (back in the pool within 0.1 s of
+        its last use, or at once when another send of this sender waits for a connection).
         """
         return _Connecting(cls, url, schema, min_size, max_size, usage_retry, pooled)
 
@@ -83,6 +85,7 @@ class Sender:
     async def close(self) -> None:
         """Close the pool if this sender opened it."""
         if self._owns_pool:
+            await self._driver.return_kept()
             await self._pool.close()
 
     async def __aenter__(self) -> Self:
@@ -188,6 +191,7 @@ class _Connecting:
         )
         sender = cls(pool, schema=schema, usage_retry=usage_retry)
         sender._owns_pool = True
+        sender._driver.keep_connections()
         return sender
 
     async def __aenter__(self) -> Sender:

@@ -101,17 +101,37 @@ class PsycopgDriver(Bound):
         super().__init__(schema)
         self.connection = connection
         self._lock = lock
+        # The owned connection's one cursor, used under the lock (the caller's: one per call).
+        self._cursor: psycopg.Cursor[dict[str, Any]] | None = None
 
     def execute(self, step: Step) -> Rows:
         text, args = self.bind(step)
-        with self.connection.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(text, args)
-            return cursor.fetchall() if cursor.description is not None else []
+        if self._lock is None:
+            with self.connection.cursor(row_factory=dict_row) as cursor:
+                cursor.execute(text, args)
+                return cursor.fetchall() if cursor.description is not None else []
+        with self._lock:
+            if self._cursor is None or self._cursor.closed:
+                self._cursor = self.connection.cursor(row_factory=dict_row)
+            owned = self._cursor
+            owned.execute(text, args)
+            return owned.fetchall() if owned.description is not None else []
 
     def scope(self, atomic: bool) -> AbstractContextManager[SyncDriver] | None:
         if self._lock is not None:
+            if not atomic and self.connection.autocommit:
+                return self  # the lock, taken for the operation's statements (__enter__)
             return self._owned(atomic)
         return self._transaction() if atomic and _own_block(self.connection) else None
+
+    def __enter__(self) -> SyncDriver:
+        assert self._lock is not None
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._lock is not None
+        self._lock.release()
 
     @contextmanager
     def _transaction(self) -> Iterator[SyncDriver]:

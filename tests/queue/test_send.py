@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
+from collections.abc import Generator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 
 from api_sender import InvalidJob, QueueNotFound, Sender
+from api_sender.operation import Op, Rows, Step, one
+from api_sender.query import Query
 from tests.support.queues import make_queue
 from worker.queue.sql import render
 from worker.queue.store import JobStore
@@ -175,3 +178,73 @@ async def test_sender_connect_owns_its_pool(db_url: str, pool) -> None:
         assert isinstance(await own.send("q", {}), int)
         inner = own.pool
     assert inner._closed  # type: ignore[attr-defined]
+
+
+async def test_an_owned_sender_keeps_its_connection_clean_through_errors(db_url: str, pool) -> None:
+    """Sender.connect's pool keeps a connection at hand between sends; a database error, an
+    atomic operation rolled back and an unknown queue leave it usable, and the pool's other
+    users still get it (it goes back to the pool soon after the last send)."""
+    await make_queue(pool, "q")
+    async with Sender.connect(db_url, min_size=1, max_size=1) as own:
+        first = await own.send("q", {"n": 1})
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            await own.run(one(Query("boom", "SELECT 1 / :zero::int AS x"), {"zero": 0}, list))
+        with pytest.raises(QueueNotFound):
+            await own.send("missing", {})
+
+        def steps() -> Generator[Step, Rows, None]:
+            yield Step(Query("insert", "SELECT {s}.send(:queue) AS id"), {"queue": "q"})
+            yield Step(Query("boom", "SELECT 1 / :zero::int AS x"), {"zero": 0})
+
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            await own.run(Op(steps(), atomic=True))
+        second = await own.send("q", {"n": 2})
+        async with own.pool.acquire(timeout=10) as conn:
+            assert not conn.is_in_transaction()
+            ids = await conn.fetch("SELECT id FROM jobs.job ORDER BY id")
+        assert [row["id"] for row in ids] == [first, second]
+        assert await own.send("q", {"n": 3}) is not None
+
+
+async def test_a_send_cancelled_mid_statement_leaves_no_connection_behind(
+    db_url: str, pool
+) -> None:
+    """A send cancelled while its statement waits in the database: its connection is not kept
+    for the next send as it is; the statement is cancelled, and the next send on the same
+    one-connection pool stores its job."""
+    await make_queue(pool, "q")
+    async with Sender.connect(db_url, min_size=1, max_size=1) as own:
+        await own.send("q", {"n": 0})
+        async with pool.acquire() as locker:
+            locked = locker.transaction()
+            await locked.start()
+            await locker.execute("LOCK TABLE jobs.job IN ACCESS EXCLUSIVE MODE")
+            task = asyncio.create_task(own.send("q", {"n": 1}))
+            for _ in range(500):
+                waiting = await locker.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await locked.rollback()
+        after = await own.send("q", {"n": 2})
+        rows = await pool.fetch("SELECT id, data->>'n' AS n FROM jobs.job ORDER BY id")
+        assert [row["n"] for row in rows] == ["0", "2"]
+        assert rows[-1]["id"] == after
+
+
+async def test_concurrent_sends_on_an_owned_sender_share_its_connections(db_url: str, pool) -> None:
+    """Sends from many tasks at once on Sender.connect's small pool all store their job once:
+    a kept connection goes to a task waiting for one (the pool's release), not aside."""
+    await make_queue(pool, "q")
+    async with Sender.connect(db_url, min_size=1, max_size=2) as own:
+        ids = await asyncio.gather(*(own.send("q", {"n": n}) for n in range(60)))
+        more = await asyncio.gather(*(own.send("q", {"n": n}) for n in range(60, 80)))
+    assert len(set(ids) | set(more)) == 80
+    assert await pool.fetchval("SELECT count(*) FROM jobs.job") == 80
