@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -90,7 +91,11 @@ def _bindable(port: int) -> bool:
 def free_port() -> int:
     """A TCP port nothing listens on right now, not handed out before by this process, and out
     of the kernel's ephemeral range where it can (see :data:`_PORT_BLOCK`)."""
-    for port in _port_block():
+    block = _port_block()
+    # From a random point of the block: two test runs at once on one machine (their gw0 share a
+    # block) then rarely try the same port at the same moment.
+    start = random.randrange(len(block)) if block else 0
+    for port in (*block[start:], *block[:start]):
         if port not in _handed_out and _bindable(port):
             _handed_out.add(port)
             return port
