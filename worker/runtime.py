@@ -152,7 +152,10 @@ class WorkerRuntime:
         owner, _, ids = payload.partition(" ")
         if owner != str(self.owner):
             return
-        wanted = {int(i) for i in ids.split(",") if i.isdigit()}
+        self._interrupt({int(i) for i in ids.split(",") if i.isdigit()})
+
+    def _interrupt(self, wanted: set[int]) -> None:
+        """Interrupt the running handlers of these jobs, wherever they run here."""
         found = [job_id for poller in self.pollers for job_id in poller.interrupt(wanted)]
         log.info("job.interrupt_requested", ids=sorted(wanted), running=found)
 
@@ -173,7 +176,7 @@ class WorkerRuntime:
                 log.debug("job.cancel_check_failed", error=f"{type(exc).__name__}: {exc}")
                 continue
             if rows:
-                self.interrupt(f"{self.owner} " + ",".join(str(row["id"]) for row in rows))
+                self._interrupt({row["id"] for row in rows})
 
     def check(self) -> str | None:
         """Readiness: the listener must be connected (poll mode: the probe must answer)."""

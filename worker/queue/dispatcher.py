@@ -127,14 +127,8 @@ class Dispatcher:
                 self.wake_all()
                 await self._probe_loop(conn)
             except TRANSIENT_ERRORS as exc:
-                self.listening = False
-                self._availability.lost()
-                delay = backoff_delay(attempt)
+                await self._back_off("listener.lost", exc, attempt)
                 attempt += 1
-                log.warning(
-                    "listener.lost", error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2)
-                )
-                await anyio.sleep(delay)
             finally:
                 self.listening = False
                 if conn is not None and not conn.is_closed():
@@ -148,16 +142,21 @@ class Dispatcher:
             try:
                 await self._probe_loop(pool)
             except TRANSIENT_ERRORS as exc:
-                self.listening = False
-                self._availability.lost()
-                delay = backoff_delay(attempt, cap=min(5.0, self._poll_interval))
-                attempt += 1
-                log.warning(
-                    "listener.probe_lost",
-                    error=f"{type(exc).__name__}: {exc}",
-                    retry_in=round(delay, 2),
+                await self._back_off(
+                    "listener.probe_lost", exc, attempt, cap=min(5.0, self._poll_interval)
                 )
-                await anyio.sleep(delay)
+                attempt += 1
+
+    async def _back_off(
+        self, event: str, exc: BaseException, attempt: int, *, cap: float = 5.0
+    ) -> None:
+        """The database was lost (attempt ``attempt`` in a row): not listening nor available;
+        log ``event`` and wait a jittered backoff before the next try."""
+        self.listening = False
+        self._availability.lost()
+        delay = backoff_delay(attempt, cap=cap)
+        log.warning(event, error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
+        await anyio.sleep(delay)
 
     async def _probe_loop(self, conn: asyncpg.Connection | asyncpg.Pool) -> None:
         failures = 0

@@ -5,6 +5,7 @@ Each statement says what it guarantees. Every time comparison uses the database 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from api_sender.query import Query, Rendered
@@ -637,8 +638,10 @@ STATEMENTS: tuple[Query, ...] = (
 )
 
 
+@functools.cache
 def render(schema: str) -> QueueStatements:
-    """Render every consumer statement for ``schema`` (validated and quoted)."""
+    """Render every consumer statement for ``schema`` (validated and quoted), once per schema:
+    the boot, the runtime, the gauges and the install all ask for them."""
     return QueueStatements(
         **{query.name: query.render(schema, cols=_JOB_COLUMNS) for query in STATEMENTS}
     )

@@ -9,6 +9,7 @@ picked all at once, by event id, or by job id (for data without one).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from api_sender.query import Query, Rendered
@@ -121,7 +122,9 @@ class HeldStatements:
     audit: Rendered
 
 
+@functools.cache
 def render(schema: str) -> HeldStatements:
-    """Render every held-tool statement for ``schema`` (validated and quoted)."""
+    """Render every held-tool statement for ``schema`` (validated and quoted), once per schema
+    (a HeldStore is made per console request)."""
     queries = (LIST, COUNT, REDRIVE_WAITING, LOCK_HELD, SETTLE_HELD, DISCARD, AUDIT)
     return HeldStatements(**{query.name: query.render(schema) for query in queries})
