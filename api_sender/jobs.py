@@ -129,8 +129,7 @@ class JobFilter:
     until: datetime | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.queue, str) or not self.queue or "\x00" in self.queue:
-            raise InvalidArgument("filter queue must be a non-empty string")
+        _text("filter queue", self.queue)
         check_state(self.state)
         for name in ("since", "until"):
             value = getattr(self, name)
@@ -220,7 +219,7 @@ class JobOps:
             "shown": len(id_list),
             **self._actor_values(),
         }
-        return one(_BY_IDS[action], values, _action_result, errors=_denied(f"jobs.{action}"))
+        return one(_BY_IDS[action], values, _action_result, errors=denied(f"jobs.{action}"))
 
     def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> Op[ActionResult]:
         """``action`` on every job ``where`` matches, or only their count (``dry_run``)."""
@@ -235,7 +234,7 @@ class JobOps:
         values.update(
             filter=json.dumps(where.as_json()), shown=MAX_IDS_SHOWN, **self._actor_values()
         )
-        return one(_WHERE[action], values, _action_result, errors=_denied(f"jobs.{action}"))
+        return one(_WHERE[action], values, _action_result, errors=denied(f"jobs.{action}"))
 
     def _actor_values(self) -> dict[str, Any]:
         return {"actor_via": self.actor.via, "principal": self.actor.principal}
@@ -395,7 +394,7 @@ def _action_result(rows: Rows) -> ActionResult:
     return ActionResult(int(row["changed"]), list(row["ids"]))
 
 
-def _denied(action: str) -> ErrorMap:
+def denied(action: str) -> ErrorMap:
     """The error map of an action: a missing right (SQLSTATE 42501) is PermissionDenied."""
 
     def mapped(sqlstate: str, exc: BaseException) -> Exception | None:

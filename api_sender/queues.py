@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from . import job_queries as q
 from .driver import AsyncDriver, SyncDriver, run_async, run_sync
-from .errors import PermissionDenied, QueueNotFound
-from .jobs import Actor
+from .errors import QueueNotFound
+from .jobs import Actor, denied
 from .operation import Op, Rows, first, one
 from .query import Query
 
@@ -41,10 +41,7 @@ def queue_action(schema: str, actor: Actor, action: QueueAction, queue: str) -> 
         changed: int = row["changed"]
         return changed
 
-    def denied(sqlstate: str, exc: BaseException) -> Exception | None:
-        return PermissionDenied(f"queues.{action}", str(exc)) if sqlstate == "42501" else None
-
-    return one(_ACTIONS[action], values, decode, errors=denied)
+    return one(_ACTIONS[action], values, decode, errors=denied(f"queues.{action}"))
 
 
 class QueuesApi:

@@ -85,6 +85,7 @@ WHERE NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = :'jobs_schema') \gexe
 -- psql variables do not reach inside a DO block; session settings do.
 SET chassis.jobs_schema TO :'jobs_schema';
 SET chassis.worker_role TO :'worker_role';
+SET chassis.api_role TO :'api_role';
 
 -- Hand the schema and everything in it to the worker role: a database migrated by a superuser
 -- before the roles existed keeps working, and later migrations (run as the worker) may alter it.
@@ -164,10 +165,17 @@ ALTER DEFAULT PRIVILEGES FOR ROLE :"worker_role" IN SCHEMA :"jobs_schema"
 -- read and write the ones an app already owns (the purges delete, the key sweep updates, the
 -- orphan purge writes an audit row). An app-owned table keeps its owner; if it lacks an index the
 -- purges need, the migration cannot add it as this role: create that index as the table's owner.
+--
+-- The api role's job and queue actions (contract section 10: cancel, resume, retry, pause) each
+-- write one audit row in their own statement: INSERT on public.audit_log (and the sequence of a
+-- serial id), nothing more (it can neither read nor change the log). Deleting jobs and purging
+-- queues need DELETE, which only the worker role has. Re-run this file once the install has
+-- created audit_log.
 GRANT USAGE, CREATE ON SCHEMA public TO :"worker_role";
 DO $chassis$
 DECLARE
     w text := current_setting('chassis.worker_role');
+    api text := current_setting('chassis.api_role');
     t text;
     seq text;
 BEGIN
@@ -176,6 +184,9 @@ BEGIN
     LOOP
         CONTINUE WHEN to_regclass(format('public.%I', t)) IS NULL;
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON public.%I TO %I', t, w);
+        IF t = 'audit_log' THEN
+            EXECUTE format('GRANT INSERT ON public.audit_log TO %I', api);
+        END IF;
         -- The id sequence of a serial (not identity) column needs its own grant.
         FOR seq IN
             SELECT pg_get_serial_sequence(format('public.%I', t), a.attname)
@@ -185,36 +196,13 @@ BEGIN
         LOOP
             CONTINUE WHEN seq IS NULL;
             EXECUTE format('GRANT USAGE, SELECT ON SEQUENCE %s TO %I', seq, w);
+            IF t = 'audit_log' THEN
+                EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', seq, api);
+            END IF;
         END LOOP;
     END LOOP;
 END
 $chassis$;
-
--- The api role's job and queue actions (contract section 10: cancel, resume, retry, pause) each
--- write one audit row in their own statement: INSERT on public.audit_log, nothing more (it can
--- neither read nor change the log). Deleting jobs and purging queues need DELETE, which only the
--- worker role has. Re-run this file once the install has created audit_log.
-SET chassis.api_role TO :'api_role';
-DO $audit$
-DECLARE
-    a   text := current_setting('chassis.api_role');
-    seq text;
-BEGIN
-    IF to_regclass('public.audit_log') IS NULL THEN
-        RETURN;
-    END IF;
-    EXECUTE format('GRANT INSERT ON public.audit_log TO %I', a);
-    -- An app-owned audit_log whose id is a serial needs its sequence too.
-    FOR seq IN
-        SELECT pg_get_serial_sequence('public.audit_log', a2.attname)
-        FROM pg_attribute a2
-        WHERE a2.attrelid = 'public.audit_log'::regclass AND a2.attnum > 0 AND NOT a2.attisdropped
-    LOOP
-        CONTINUE WHEN seq IS NULL;
-        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', seq, a);
-    END LOOP;
-END
-$audit$;
 
 RESET chassis.api_role;
 RESET chassis.jobs_schema;
