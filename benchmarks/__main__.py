@@ -224,12 +224,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         _info(
             f"pgqueuer {pgq_version} enqueue, same sitting, chunks of 1,000", peer_chunked, "jobs/s"
         ),
-        _info(
-            "send_many chunks ratio ours / pgqueuer",
-            _ratios(chunked, peer_chunked),
-            "x",
-            digits=2,
-        ),
+        _ratio_row("send_many chunks ratio ours / pgqueuer", chunked, peer_chunked),
         measured(
             "send p50 (in sequence)",
             p50s,
@@ -250,75 +245,35 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         ),
         _info(f"pgqueuer {pgq_version} single enqueue p50, same sitting", peer50, "ms", digits=3),
         _info(f"pgqueuer {pgq_version} single enqueue p99, same sitting", peer99, "ms", digits=3),
-        _info(
-            "send p50 ratio ours / pgqueuer (lower is better)",
-            _ratios(p50s, peer50),
-            "x",
-            digits=2,
-        ),
+        _ratio_row("send p50 ratio ours / pgqueuer (lower is better)", p50s, peer50),
         _info(f"graphile-worker {gw_version} addJobs 20,000 in one call", gw_many, "jobs/s"),
-        _info(
-            "send_many one call ratio ours / graphile-worker", _ratios(many, gw_many), "x", digits=2
-        ),
+        _ratio_row("send_many one call ratio ours / graphile-worker", many, gw_many),
         _info(f"graphile-worker {gw_version} addJobs in calls of 1,000", gw_chunked, "jobs/s"),
-        _info(
-            "send_many chunks ratio ours / graphile-worker",
-            _ratios(chunked, gw_chunked),
-            "x",
-            digits=2,
-        ),
+        _ratio_row("send_many chunks ratio ours / graphile-worker", chunked, gw_chunked),
         _info(f"graphile-worker {gw_version} single addJob p50", gw50, "ms", digits=3),
         _info(f"graphile-worker {gw_version} single addJob p99", gw99, "ms", digits=3),
-        _info(
-            "send p50 ratio ours / graphile-worker (lower is better)",
-            _ratios(p50s, gw50),
-            "x",
-            digits=2,
-        ),
-        _info(
-            "send p99 ratio ours / graphile-worker (lower is better)",
-            _ratios(p99s, gw99),
-            "x",
-            digits=2,
-        ),
+        _ratio_row("send p50 ratio ours / graphile-worker (lower is better)", p50s, gw50),
+        _ratio_row("send p99 ratio ours / graphile-worker (lower is better)", p99s, gw99),
         _info("floor: one-row INSERT p50 (a bare table, one connection)", floor50, "ms", digits=3),
         _info("floor: one-row INSERT p99", floor99, "ms", digits=3),
-        measured(
-            "send p50 / floor p50",
-            _ratios(p50s, floor50),
-            "x",
-            "<= 1.3x",
-            lambda v: v <= 1.3,
-            digits=2,
-        ),
+        _ratio_row("send p50 / floor p50", p50s, floor50, "<= 1.3x", lambda v: v <= 1.3),
         _info("SELECT jobs.send p50 (SQL function, asyncpg, in sequence)", sql50, "ms", digits=3),
         _info("SELECT jobs.send p99", sql99, "ms", digits=3),
-        measured(
-            "SELECT jobs.send p50 / floor p50",
-            _ratios(sql50, floor50),
-            "x",
-            "<= 1.3x",
-            lambda v: v <= 1.3,
-            digits=2,
+        _ratio_row(
+            "SELECT jobs.send p50 / floor p50", sql50, floor50, "<= 1.3x", lambda v: v <= 1.3
         ),
         _info("SyncSender.send p50 (psycopg 3, in sequence)", sync50, "ms", digits=3),
         _info("SyncSender.send p99", sync99, "ms", digits=3),
-        measured(
-            "SyncSender.send p50 / floor p50",
-            _ratios(sync50, floor50),
-            "x",
-            "<= 1.3x",
-            lambda v: v <= 1.3,
-            digits=2,
+        _ratio_row(
+            "SyncSender.send p50 / floor p50", sync50, floor50, "<= 1.3x", lambda v: v <= 1.3
         ),
         _info("SyncSender.send_many, 20,000 jobs in one call", sync_many, "jobs/s"),
-        measured(
+        _ratio_row(
             "jobs.send_many 20,000 in one call / Sender.send_many",
-            _ratios(sql_many, many),
-            "x",
+            sql_many,
+            many,
             ">= 0.9x",
             lambda v: v >= 0.9,
-            digits=2,
         ),
         measured(
             f"drain 60,000 no-op jobs, one worker ({drain.SETTINGS})",
@@ -342,13 +297,12 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             gw_batched,
             "jobs/s",
         ),
-        measured(
+        _ratio_row(
             "drain ratio ours / graphile-worker batched",
-            _ratios(ours, gw_batched),
-            "x",
+            ours,
+            gw_batched,
             ">= 1.2x",
             lambda v: v >= 1.2,
-            digits=2,
         ),
         _info(
             f"graphile-worker {gw_version} drain of {graphile_peer.DEFAULTS_JOBS:,} with its"
@@ -356,7 +310,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             gw_defaults,
             "jobs/s",
         ),
-        _info("drain ratio ours / graphile-worker defaults", _ratios(ours, gw_defaults), "x", 2),
+        _ratio_row("drain ratio ours / graphile-worker defaults", ours, gw_defaults),
         _info(
             f"SQL-only ceiling: claim + complete, batch {noop.DRAIN_BATCH} (pgbench, bare table)",
             ceilings,
@@ -389,32 +343,12 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         ),
         _info(f"pgqueuer {pgq_version} pickup p50, same sitting", peer_pick50, "ms", digits=2),
         _info(f"pgqueuer {pgq_version} pickup p99, same sitting", peer_pick99, "ms", digits=2),
-        _info(
-            "pickup p50 ratio ours / pgqueuer (lower is better)",
-            _ratios(pick50, peer_pick50),
-            "x",
-            digits=2,
-        ),
-        _info(
-            "pickup p99 ratio ours / pgqueuer (lower is better)",
-            _ratios(pick99, peer_pick99),
-            "x",
-            digits=2,
-        ),
+        _ratio_row("pickup p50 ratio ours / pgqueuer (lower is better)", pick50, peer_pick50),
+        _ratio_row("pickup p99 ratio ours / pgqueuer (lower is better)", pick99, peer_pick99),
         _info(f"graphile-worker {gw_version} pickup p50 (its defaults)", gw_pick50, "ms", 2),
         _info(f"graphile-worker {gw_version} pickup p99 (its defaults)", gw_pick99, "ms", 2),
-        _info(
-            "pickup p50 ratio ours / graphile-worker (lower is better)",
-            _ratios(pick50, gw_pick50),
-            "x",
-            digits=2,
-        ),
-        _info(
-            "pickup p99 ratio ours / graphile-worker (lower is better)",
-            _ratios(pick99, gw_pick99),
-            "x",
-            digits=2,
-        ),
+        _ratio_row("pickup p50 ratio ours / graphile-worker (lower is better)", pick50, gw_pick50),
+        _ratio_row("pickup p99 ratio ours / graphile-worker (lower is better)", pick99, gw_pick99),
         measured(
             "idle worker, 7 queues, 30 s: commits",
             commits,
@@ -475,8 +409,19 @@ def _info(figure: str, runs: list[float], unit: str, digits: int = 0) -> Row:
 
 
 def _ratios(ours: list[float], theirs: list[float]) -> list[float]:
-    """Run by run: ours over pgqueuer's, in the same sitting."""
+    """Run by run: ours over theirs (a peer's or the floor's), in the same sitting."""
     return [a / b for a, b in zip(ours, theirs, strict=True)]
+
+
+def _ratio_row(
+    figure: str,
+    ours: list[float],
+    theirs: list[float],
+    target: str = "-",
+    check: Callable[[float], bool] | None = None,
+) -> Row:
+    """A run-by-run ratio row, "ours / theirs" (a peer's or the floor's), to two decimals."""
+    return measured(figure, _ratios(ours, theirs), "x", target, check, digits=2)
 
 
 def _wal_row(wal: list[float], runs: list[idle.IdleResult]) -> Row:

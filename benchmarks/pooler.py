@@ -28,7 +28,7 @@ import anyio
 import asyncpg
 
 from api_sender import Sender, create_pool
-from tests.support.servers import PgBouncer, scratch_dir
+from tests.support.servers import PgBouncer, running_pgbouncer
 from tests.support.tools import find_tool
 
 from . import drain, enqueue, latency
@@ -59,12 +59,8 @@ def bouncer() -> Iterator[PgBouncer]:
     binary = find_tool("pgbouncer")
     if binary is None:
         raise RuntimeError("pgbouncer is not installed: `apt-get install pgbouncer`")
-    with scratch_dir("chassis-bench-pgbouncer-") as directory:
-        server = PgBouncer(binary, directory).start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    with running_pgbouncer(binary, "chassis-bench-pgbouncer-") as server:
+        yield server
 
 
 def through(server: PgBouncer, url: str) -> str:

@@ -5,31 +5,27 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
 import pytest
 
 from api_sender import PermissionDenied, Sender, UsageEvent
-from tests.deploy.files import ROLES_SQL
 from tests.support.counts import reported_counts
 from tests.support.postgres import create_database, drop_database, with_database
 from tests.support.processes import Daemon, run_cli, start_daemon
 from tests.support.queues import make_queue
+from tests.support.roles import Roles, apply_roles, as_role, fresh_roles, refused
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("psql") is None, reason="psql (postgresql-client) needed"),
 ]
 
-PASSWORD = "pw-roles-test"
 TOKEN = "roles-test-token"
 #: The chassis tables of contract section 8 (in public).
 CHASSIS_TABLES = (
@@ -45,26 +41,11 @@ CHASSIS_TABLES = (
 )
 
 
-@dataclass(frozen=True)
-class Roles:
-    """A pair of role names unique to one test (roles are cluster-wide)."""
-
-    api: str
-    worker: str
-
-
 @pytest.fixture
 async def roles(admin_url: str) -> AsyncIterator[Roles]:
     """Fresh role names; the roles are dropped after the test's databases are gone."""
-    suffix = uuid.uuid4().hex[:10]
-    names = Roles(api=f"chassis_api_t{suffix}", worker=f"chassis_worker_t{suffix}")
-    yield names
-    admin = await asyncpg.connect(admin_url)
-    try:
-        for role in (names.api, names.worker):
-            await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
-    finally:
-        await admin.close()
+    async with fresh_roles(admin_url, "t") as names:
+        yield names
 
 
 @pytest.fixture
@@ -85,31 +66,6 @@ async def fresh_db(roles: Roles, admin_url: str) -> AsyncIterator[str]:
         yield with_database(admin_url, name)
     finally:
         await drop_database(admin_url, name)
-
-
-def as_role(url: str, role: str) -> str:
-    """``url`` with ``role`` (and the test password) as the user."""
-    parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    netloc = f"{role}:{PASSWORD}@{host}:{parts.port or 5432}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def apply_roles(
-    connect_url: str, roles: Roles, *, passwords: bool = True, **variables: str
-) -> subprocess.CompletedProcess[str]:
-    """Run config/roles.sql with psql as an operator would; fail the test if psql fails."""
-    argv = ["psql", connect_url, "-X", "-v", "ON_ERROR_STOP=1"]
-    settings = {"api_role": roles.api, "worker_role": roles.worker, **variables}
-    if passwords:
-        settings.update(api_password=PASSWORD, worker_password=PASSWORD)
-    for name, value in settings.items():
-        argv += ["-v", f"{name}={value}"]
-    done = subprocess.run(
-        [*argv, "-f", str(ROLES_SQL)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
 
 
 def post(daemon: Daemon, path: str, body: Any, token: str | None = TOKEN) -> tuple[int, Any]:
@@ -142,16 +98,6 @@ async def owners(conn: asyncpg.Connection, schema: str) -> set[str]:
         schema,
     )
     return {row["owner"] for row in rows}
-
-
-async def refused(conn: asyncpg.Connection, statement: str) -> bool:
-    """Whether ``statement`` fails for lack of privilege (rolled back either way)."""
-    try:
-        async with conn.transaction():
-            await conn.execute(statement)
-    except asyncpg.InsufficientPrivilegeError:
-        return True
-    return False
 
 
 @pytest.mark.slow

@@ -32,7 +32,8 @@ from tests.drills.helpers import (
 from tests.drills.test_install_race import check_installed_once
 from tests.support.hub import Hub
 from tests.support.processes import Daemon, run_cli
-from tests.support.servers import PgBouncer, require_pgbouncer, scratch_dir
+from tests.support.servers import PgBouncer, running_pgbouncer
+from tests.support.tools import require_tool
 
 pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills")]
 
@@ -55,13 +56,8 @@ POOLED = {"LISTEN_MODE": "poll", "DATABASE_STATEMENT_CACHE_SIZE": "0"}
 @pytest.fixture
 def bouncer() -> Iterator[PgBouncer]:
     """PgBouncer in transaction mode in front of the test server, stopped after the drill."""
-    binary = require_pgbouncer()
-    with scratch_dir("chassis-pgbouncer-") as directory:
-        server = PgBouncer(binary, directory).start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    with running_pgbouncer(require_tool("pgbouncer", "pgbouncer"), "chassis-pgbouncer-") as server:
+        yield server
 
 
 def through(bouncer: PgBouncer, url: str) -> str:

@@ -6,8 +6,6 @@ Screenshots of every step land in ``artifacts/console/`` (kept by CI as test art
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 from tests.support.postgres import installed_database
 from tests.support.processes import ROOT, Daemon, start_daemon
 from tests.support.queues import make_queue
+from tests.support.tools import find_tool, unavailable
 from tests.usage.conftest import fetch as _fetch
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("console-browser")]
@@ -50,17 +49,12 @@ def fetch(url: str, query: str, *args: Any) -> list[Any]:
 
 def _browser_or_skip() -> Any:
     """Playwright's sync API and Debian's Chromium; under CI=true a missing one fails."""
-    missing = None
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        missing = "playwright (pip install -e '.[test]')"
-    if missing is None and not (Path(CHROMIUM).exists() or shutil.which("chromium")):
-        missing = "chromium (apt-get install chromium)"
-    if missing is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the console browser tests need {missing}, and CI must run them")
-        pytest.skip(f"needs {missing}")
+        unavailable("the console browser tests need playwright (pip install -e '.[test]')")
+    if not (Path(CHROMIUM).exists() or find_tool("chromium")):
+        unavailable("the console browser tests need chromium (apt-get install chromium)")
     return sync_playwright
 
 

@@ -42,6 +42,24 @@ async def wait_for(check, timeout: float) -> None:
     raise AssertionError(f"not within {timeout}s")
 
 
+async def wait_started(db_url: str, job_id: str) -> None:
+    """Wait (15 s at most) until the job's handler has written its first ledger row."""
+
+    async def started() -> bool:
+        found = await rows(db_url, "SELECT 1 FROM public.ledger WHERE job_id = $1", job_id)
+        return bool(found)
+
+    await wait_for(started, 15)
+
+
+def cancel_interrupted(daemon: Daemon, job_id: str) -> bool:
+    """Whether ``daemon`` has logged ``job.cancel_interrupted`` for ``job_id``."""
+    return any(
+        e.get("event") == "job.cancel_interrupted" and e.get("job_id") == job_id
+        for e in daemon.events()
+    )
+
+
 async def start_workers(db_url: str, tmp_path, n: int, **env: str) -> list[Daemon]:
     """``n`` worker processes running tool-work, all ready."""
     daemons = [
@@ -148,22 +166,10 @@ async def test_cancel_interrupts_the_running_handler_on_its_replica_within_2_s(
     try:
         async with Sender.connect(db_url, max_size=2) as sender:
             job_id = await sender.send("tool-work", {"sleep": 60})
-
-            async def started() -> bool:
-                found = await rows(db_url, "SELECT 1 FROM public.ledger WHERE job_id = $1", job_id)
-                return bool(found)
-
-            await wait_for(started, 15)
+            await wait_started(db_url, job_id)
             asked = time.monotonic()
             assert await sender.jobs.cancel([job_id]) == [job_id]
-
-            def interrupted() -> bool:
-                return any(
-                    e.get("event") == "job.cancel_interrupted" and e.get("job_id") == job_id
-                    for e in daemon.events()
-                )
-
-            while not interrupted():
+            while not cancel_interrupted(daemon, job_id):
                 assert time.monotonic() - asked < 2.0, "the handler was not interrupted in 2 s"
                 await asyncio.sleep(0.02)
             after = await sender.send("tool-work", {"n": 1})

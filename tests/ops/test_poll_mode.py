@@ -10,7 +10,13 @@ import time
 import pytest
 
 from api_sender import Sender
-from tests.ops.test_operations_live import rows, start_workers, wait_for
+from tests.ops.test_operations_live import (
+    cancel_interrupted,
+    rows,
+    start_workers,
+    wait_for,
+    wait_started,
+)
 from tests.support.ledger import create_ledger
 from tests.support.processes import run_cli, start_daemon
 
@@ -83,22 +89,10 @@ async def test_a_polling_worker_listens_nowhere_and_finds_work_and_cancels_by_po
         assert listeners == []
         async with Sender.connect(db_url, max_size=2) as sender:
             job_id = await sender.send("tool-work", {"sleep": 60})
-
-            async def started() -> bool:
-                found = await rows(db_url, "SELECT 1 FROM public.ledger WHERE job_id = $1", job_id)
-                return bool(found)
-
-            await wait_for(started, 15)
+            await wait_started(db_url, job_id)
             asked = time.monotonic()
             assert await sender.jobs.cancel([job_id]) == [job_id]
-
-            def interrupted() -> bool:
-                return any(
-                    e.get("event") == "job.cancel_interrupted" and e.get("job_id") == job_id
-                    for e in daemon.events()
-                )
-
-            while not interrupted():
+            while not cancel_interrupted(daemon, job_id):
                 assert time.monotonic() - asked < POLL + 2.0, "not interrupted in poll + 2 s"
                 await asyncio.sleep(0.02)
             phases = await rows(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -15,10 +14,10 @@ import pytest
 
 from api_sender import InvalidJob, QueueNotFound, Sender
 from api_sender.errors import sender_error
-from tests.deploy.test_roles import Roles, apply_roles, as_role, refused
 from tests.support.counts import reported_counts
 from tests.support.postgres import create_database, drop_database, with_database
 from tests.support.queues import make_queue
+from tests.support.roles import Roles, apply_roles, as_role, fresh_roles, refused
 from tests.support.tools import require_tool
 
 #: A JSON event the usage function accepts.
@@ -289,15 +288,8 @@ async def test_sender_maps_the_function_errors(sender: Sender, pool) -> None:
 @pytest.fixture
 async def roles(admin_url: str) -> AsyncIterator[Roles]:
     """Fresh role names, dropped after the test's database is gone."""
-    suffix = uuid.uuid4().hex[:10]
-    names = Roles(api=f"chassis_api_f{suffix}", worker=f"chassis_worker_f{suffix}")
-    yield names
-    admin = await asyncpg.connect(admin_url)
-    try:
-        for role in (names.api, names.worker):
-            await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
-    finally:
-        await admin.close()
+    async with fresh_roles(admin_url, "f") as names:
+        yield names
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.processes import free_port
-from tests.support.tools import find_tool, unavailable
+from tests.support.tools import unavailable
 
 #: The user the servers run as when the tests run as root.
 SERVER_USER = "postgres"
@@ -66,14 +66,6 @@ def _wait_port(port: int, timeout: float, what: str, process: subprocess.Popen[A
 
 
 # --- PgBouncer -------------------------------------------------------------------------------
-
-
-def require_pgbouncer() -> str:
-    """The pgbouncer binary; missing, skip (fail under CI) with the install hint."""
-    path = find_tool("pgbouncer")
-    if path is None:
-        unavailable("pgbouncer is not installed: `apt-get install pgbouncer` (Debian/Ubuntu)")
-    return path
 
 
 @dataclass
@@ -154,6 +146,17 @@ log_disconnections = 0
     def log(self) -> str:
         """What PgBouncer logged."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextlib.contextmanager
+def running_pgbouncer(binary: str, prefix: str) -> Iterator[PgBouncer]:
+    """PgBouncer (``binary``) started in a fresh scratch directory, stopped on the way out."""
+    with scratch_dir(prefix) as directory:
+        server = PgBouncer(binary, directory).start()
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 # --- A primary and a streaming standby ------------------------------------------------------
