@@ -8,10 +8,13 @@ from the same pieces as ``worker.queue.sql`` (``_claim_next``, ``_claim_update``
 ours do:
 
 * ``one statement``: what the drain sends in steady state, the successes of the previous batch
-  completed and the next batch claimed in one statement and one (synchronous) commit, as
+  completed and the next batch claimed in one statement and one commit, as
   ``COMPLETE_AND_CLAIM``;
-* ``two statements``: the claim alone (committed without waiting for the disk, as ``CLAIM``),
-  then the completion of that batch (``COMPLETE_LOST``), two commits per batch.
+* ``two statements``: the claim alone, then the completion of that batch (``COMPLETE_LOST``),
+  two commits per batch.
+
+Every commit is made as the worker makes it: without waiting for the disk (claims always, and
+completions as the worker writes them, kept until flushed: worker.queue.unflushed).
 
 Each runs on a fresh scratch database, on a **bare** table (``LIKE jobs.job``: its columns,
 defaults and identity, the primary key and the ``job_fetch`` index the claim reads, no other
@@ -57,7 +60,7 @@ def one_statement_script(schema: str) -> str:
     """Complete the previous batch and claim the next, in one statement (COMPLETE_AND_CLAIM)."""
     body = (
         "WITH done AS (\n"
-        + _complete_update(":ids", ":attempts", ":claims", ":owner")
+        + _complete_update(":ids", ":attempts", ":claims", ":owner", lazy_if=True)
         + "\n), next AS (\n"
         + _claim_next(":queue", ":batch")
         + "\n), claimed AS (\n"
@@ -81,7 +84,7 @@ def two_statement_script(schema: str) -> str:
     )
     complete = (
         "WITH done AS (\n"
-        + _complete_update(":ids", ":attempts", ":claims", ":owner")
+        + _complete_update(":ids", ":attempts", ":claims", ":owner", lazy_if=True)
         + "\n)\nSELECT ARRAY(SELECT unnest(:ids::bigint[]) EXCEPT ALL SELECT id FROM done)"
         " AS lost"
     )
@@ -95,9 +98,11 @@ def two_statement_script(schema: str) -> str:
 
 def _pgbench(statement: str) -> str:
     """One statement on one line (pgbench ends a command at the end of its line), comments
-    dropped; ``:owner`` is a uuid and ``:queue`` text, typed for the prepared statement."""
+    dropped; ``:owner`` is a uuid and ``:queue`` text, typed for the prepared statement; the
+    completion commits lazily, as the worker's does (``:lazy`` true)."""
     lines = [re.sub(r"--.*$", "", line).strip() for line in statement.splitlines()]
     text = " ".join(line for line in lines if line)
+    text = text.replace(":lazy::bool", "true")
     return text.replace(":owner", ":owner::uuid").replace(":queue", ":queue::text") + ";\n"
 
 

@@ -28,6 +28,7 @@ from .queue.poller import Poller
 from .queue.sql import render
 from .queue.store import JobStore
 from .queue.throughput import Tally
+from .queue.unflushed import UnflushedCompletions
 from .settings import Settings
 
 log = structlog.get_logger("worker.runtime")
@@ -63,8 +64,14 @@ class WorkerRuntime:
         #: lost database, and maintenance judges other workers only after a stale interval.
         self.availability = Availability()
         self.tally = Tally(pool, schema)
+        #: Completions commit without waiting for the disk and are kept until flushed.
+        self.unflushed = UnflushedCompletions(session_url, self.store)
         self.completer = Completer(
-            self.store, self.holdings, self.availability, on_finished=self.tally.finished
+            self.store,
+            self.holdings,
+            self.availability,
+            on_finished=self.tally.finished,
+            unflushed=self.unflushed,
         )
         handler_pool = HandlerPool(pool, settings.database_pool_size - RESERVED_CONNECTIONS)
         context = JobContext(
@@ -203,6 +210,7 @@ class WorkerRuntime:
         with self._background:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.completer.run)
+                tg.start_soon(self.unflushed.run)
                 tg.start_soon(self.dispatcher.run)
                 tg.start_soon(self.heartbeat.run)
                 tg.start_soon(self.maintenance.run)
@@ -230,4 +238,7 @@ class WorkerRuntime:
         with anyio.move_on_after(10):
             await self.completer.drain()
             await self.heartbeat.forget()
+        # Completions committed lazily: wait for their flush (a few hundred ms at most, the
+        # server's WAL writer), so none is left that a crash of the server could undo.
+        await self.unflushed.settled(3.0)
         self._background.cancel()

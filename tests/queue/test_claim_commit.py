@@ -1,4 +1,5 @@
-"""A claim commits without waiting for the disk; outcomes, and every later statement, wait."""
+"""A claim commits without waiting for the disk; outcomes wait unless written lazily, and every
+later statement waits."""
 
 from __future__ import annotations
 
@@ -40,27 +41,44 @@ async def test_claim_turns_synchronous_commit_off_for_its_own_transaction_only(
             assert await conn.fetchval(SETTING) == "off"
 
 
-async def test_a_claim_carrying_outcomes_waits_for_the_disk(
+async def test_a_claim_carrying_outcomes_waits_for_the_disk_unless_told_lazy(
     pool: asyncpg.Pool, sender: Sender
 ) -> None:
-    """Complete-and-claim writes outcomes: its commit stays synchronous."""
+    """Complete-and-claim and the completion alone commit synchronously, or lazily when asked
+    (``lazy``: the worker keeps the batch until it is flushed, worker.queue.unflushed); the
+    session's next transaction is synchronous again either way."""
     await make_queue(pool, "q")
-    await sender.send_many("q", [{} for _ in range(4)])
+    await sender.send_many("q", [{} for _ in range(8)])
     owner = uuid.uuid4()
     async with pool.acquire() as conn:
-        first = await db.fetch(conn, SQL.claim, queue="q", limit=2, owner=owner)
-        async with conn.transaction():
-            rows = await db.fetch(
-                conn,
-                SQL.complete_and_claim,
-                queue="q",
-                limit=2,
-                owner=owner,
-                ids=[r["id"] for r in first],
-                attempts=[r["attempt"] for r in first],
-                claims=[r["started_at"] for r in first],
-            )
-            assert rows[0]["lost"] == []
+        for lazy, expected in ((False, "on"), (True, "off")):
+            first = await db.fetch(conn, SQL.claim, queue="q", limit=2, owner=owner)
+            fence = {
+                "owner": owner,
+                "ids": [r["id"] for r in first],
+                "attempts": [r["attempt"] for r in first],
+                "claims": [r["started_at"] for r in first],
+            }
+            async with conn.transaction():
+                rows = await db.fetch(
+                    conn, SQL.complete_and_claim, queue="q", limit=1, lazy=lazy, **fence
+                )
+                assert rows[0]["lost"] == []
+                assert await conn.fetchval(SETTING) == expected
+            assert await conn.fetchval(SETTING) == "on"
+            second = await db.fetch(conn, SQL.claim, queue="q", limit=1, owner=owner)
+            async with conn.transaction():
+                lost = await db.fetchval(
+                    conn,
+                    SQL.complete_lost,
+                    lazy=lazy,
+                    owner=owner,
+                    ids=[r["id"] for r in second],
+                    attempts=[r["attempt"] for r in second],
+                    claims=[r["started_at"] for r in second],
+                )
+                assert lost == []
+                assert await conn.fetchval(SETTING) == expected
             assert await conn.fetchval(SETTING) == "on"
 
 

@@ -89,6 +89,7 @@ async def test_batched_writes_join_no_unnested_array_on_a_generic_plan(
         "owners": ("uuid[]", "'{00000000-0000-0000-0000-000000000000,NULL}'"),
         "errors": ("text[]", "'{a,b}'"),
         "finals": ("bool[]", "'{false,true}'"),
+        "lazy": ("bool", "true"),
     }
     for name, rendered in (
         ("complete", SQL.complete),

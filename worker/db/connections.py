@@ -117,11 +117,12 @@ WHERE r.rolname = current_user AND d.datname = current_database()
 
 async def check_pool_fits(pool: asyncpg.Pool, size: int, listener: bool) -> None:
     """Raise :class:`ConfigError` naming DATABASE_POOL_SIZE when the server can never give this
-    process its pool (plus the worker's dedicated LISTEN connection)."""
+    process its pool (plus, for a worker, its two sessions of its own: LISTEN and the watch of
+    unflushed completions)."""
     row = await pool.fetchrow(CONNECTION_LIMITS)
     if row is None:
         return
-    needed = size + (1 if listener else 0)
+    needed = size + (2 if listener else 0)
     if row["superuser"]:
         limits = {"the server's max_connections": row["max_connections"]}
     else:
@@ -132,7 +133,7 @@ async def check_pool_fits(pool: asyncpg.Pool, size: int, listener: bool) -> None
             limits["the database's CONNECTION LIMIT"] = row["database_limit"]
     which, allowed = min(limits.items(), key=lambda item: item[1])
     if needed > allowed:
-        extra = " plus the listener's connection" if listener else ""
+        extra = " plus the worker's two sessions (LISTEN, flush watch)" if listener else ""
         raise ConfigError(
             f"invalid configuration: DATABASE_POOL_SIZE: {size}{extra} needs {needed} "
             f"connections, but {which} allows {allowed}; lower DATABASE_POOL_SIZE"

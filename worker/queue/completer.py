@@ -16,6 +16,7 @@ from .availability import Availability
 from .holdings import Holdings
 from .jobs import ClaimedJob
 from .store import FailOutcome, JobStore, storable_text
+from .unflushed import UnflushedCompletions
 
 log = structlog.get_logger("worker.queue")
 
@@ -41,8 +42,12 @@ class Completer:
         holdings: Holdings,
         availability: Availability | None = None,
         on_finished: Callable[[], None] | None = None,
+        unflushed: UnflushedCompletions | None = None,
     ) -> None:
         self._availability = availability
+        #: Where completions committed without waiting for the disk are kept until flushed
+        #: (None: every completion waits for the disk).
+        self._unflushed = unflushed
         #: Told whenever jobs completed or failed for good here (the throughput tally).
         self._on_finished = on_finished
         self._store = store
@@ -69,9 +74,17 @@ class Completer:
         :meth:`settle_done`, or :meth:`restore_done` if its write failed)."""
         return self._take()
 
-    def settle_done(self, jobs: list[ClaimedJob], lost: Iterable[int]) -> None:
-        """``jobs`` were written as completed, except the ids in ``lost`` (lease lost)."""
+    def lazy_session(self) -> int:
+        """Non-zero: write the next completions without waiting for the disk, then pass this
+        number to :meth:`settle_done` (see worker.queue.unflushed)."""
+        return 0 if self._unflushed is None else self._unflushed.session()
+
+    def settle_done(self, jobs: list[ClaimedJob], lost: Iterable[int], session: int = 0) -> None:
+        """``jobs`` were written as completed, except the ids in ``lost`` (lease lost);
+        ``session``: lazily, under that watch session."""
         if jobs:
+            if session and self._unflushed is not None:
+                self._unflushed.written(session, jobs)
             self._settle_completed(jobs, lost)
 
     def restore_done(self, jobs: list[ClaimedJob]) -> None:
@@ -244,7 +257,9 @@ class Completer:
             attempt = refusals = 0
 
     async def _write_done(self, jobs: list[ClaimedJob]) -> None:
-        self._settle_completed(jobs, await self._store.complete_lost(jobs))
+        session = self.lazy_session()
+        lost = await self._store.complete_lost(jobs, lazy=session != 0)
+        self.settle_done(jobs, lost, session)
 
     async def _write_failed(self, failures: list[tuple[ClaimedJob, str, bool]]) -> None:
         final = {job.id for job, _, is_final in failures if is_final}

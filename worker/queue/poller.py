@@ -206,8 +206,11 @@ class Poller:
             want = min(consumer.batch_size, self._limit - self._held + mine)
             try:
                 if done:
-                    jobs, lost = await self._store.complete_and_claim(done, queue, want)
-                    self._completer.settle_done(done, lost)
+                    session = self._completer.lazy_session()
+                    jobs, lost = await self._store.complete_and_claim(
+                        done, queue, want, lazy=session != 0
+                    )
+                    self._completer.settle_done(done, lost, session)
                 else:
                     jobs = await self._store.claim(queue, want, one_per_key=consumer.one_per_key)
                 attempt = 0

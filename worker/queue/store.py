@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from operator import attrgetter
 from typing import Any
 from uuid import UUID
@@ -13,6 +14,25 @@ import asyncpg
 from ..db import statements as db
 from .jobs import JOB_COLUMNS, ClaimedJob
 from .sql import QueueStatements
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What identifies a batch of claims: ids, attempts and claim instants, by position (the
+    owner is the store's)."""
+
+    ids: list[int]
+    attempts: list[int]
+    claims: list[datetime]
+
+    @classmethod
+    def of(cls, jobs: Sequence[ClaimedJob]) -> Fence:
+        return cls([j.id for j in jobs], [j.attempt for j in jobs], [j.started_at for j in jobs])
+
+    def __add__(self, other: Fence) -> Fence:
+        return Fence(
+            self.ids + other.ids, self.attempts + other.attempts, self.claims + other.claims
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +68,13 @@ class JobStore:
         return _ordered(_claimed(queue, rows, 0))
 
     async def complete_and_claim(
-        self, done: Sequence[ClaimedJob], queue: str, limit: int
+        self, done: Sequence[ClaimedJob], queue: str, limit: int, *, lazy: bool = False
     ) -> tuple[list[ClaimedJob], set[int]]:
         """Complete ``done`` and claim up to ``limit`` jobs of ``queue`` in one statement.
 
         Returns the claimed jobs (as :meth:`claim`) and the ids of ``done`` that no longer
-        matched their claim (as :meth:`complete_lost`). Not for one-per-key queues.
+        matched their claim (as :meth:`complete_lost`). Not for one-per-key queues. ``lazy``:
+        the commit does not wait for the WAL flush (the caller keeps ``done`` until it has).
         """
         if not done:
             return await self.claim(queue, limit), set()
@@ -63,12 +84,13 @@ class JobStore:
                 self.sql.complete_and_claim,
                 queue=queue,
                 limit=limit,
+                lazy=lazy,
                 **self._fence(done),
             )
         except asyncpg.UniqueViolationError:
             # The claim half met a policy index (as in claim): nothing was written. Write the
             # completions alone, then claim one per key, as claim does after such a refusal.
-            lost = await self.complete_lost(done)
+            lost = await self.complete_lost(done, lazy=lazy)
             return await self.claim(queue, limit, one_per_key=True), lost
         lost = set(rows[0]["lost"])
         if rows[0]["id"] is None:  # nothing claimed: the one row carries only "lost"
@@ -83,13 +105,29 @@ class JobStore:
         rows = await db.fetch(self.pool, self.sql.complete, **self._fence(jobs))
         return {row["id"] for row in rows}
 
-    async def complete_lost(self, jobs: Sequence[ClaimedJob]) -> set[int]:
+    async def complete_lost(self, jobs: Sequence[ClaimedJob], *, lazy: bool = False) -> set[int]:
         """Complete ``jobs``; return the ids that did NOT match their claim (rescued or expired
-        meanwhile, left as they are). Cheaper than :meth:`complete` for large batches."""
+        meanwhile, left as they are). Cheaper than :meth:`complete` for large batches.
+        ``lazy``: the commit does not wait for the WAL flush."""
         if not jobs:
             return set()
-        lost = await db.fetchval(self.pool, self.sql.complete_lost, **self._fence(jobs))
+        lost = await db.fetchval(self.pool, self.sql.complete_lost, lazy=lazy, **self._fence(jobs))
         return set(lost)
+
+    async def complete_again(self, fence: Fence) -> int:
+        """Write completions once more, waiting for the disk (their first, lazy commit may have
+        been lost); return how many matched, i.e. had been lost. One already written matches
+        nothing: it is no longer active."""
+        lost = await db.fetchval(
+            self.pool,
+            self.sql.complete_lost,
+            lazy=False,
+            ids=fence.ids,
+            attempts=fence.attempts,
+            claims=fence.claims,
+            owner=self.owner,
+        )
+        return len(fence.ids) - len(lost)
 
     async def fail(
         self,
