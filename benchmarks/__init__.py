@@ -4,11 +4,11 @@ How to read the output
 ----------------------
 
 Every figure is measured in this sitting, on a fresh scratch database on 127.0.0.1:5432 that is
-created for it and dropped after it, three times; the figure shown is the median of the three
-runs (the three raw values follow in brackets). The machine has 2 cores shared by PostgreSQL, the
-worker, the benchmark itself and whoever else runs tests right now, so figures are noisy: a
-single run that misses a target by a few percent means little, a median that misses it by a
-factor means a lot.
+created for it and dropped after it, five times (``RUNS``), the runs of the figures interleaved;
+the figure shown is the median of the five runs (the raw values follow in brackets: the
+spread). The machine has 2 cores shared by PostgreSQL, the worker, the benchmark itself and
+whoever else runs tests right now, so figures are noisy: a single run that misses a target by a
+few percent means little, a median that misses it by a factor means a lot.
 
 * ``send_many``: jobs/s of ``Sender.send_many`` with 20,000 jobs in one call, and with the same
   20,000 sent as 20 sequential calls of 1,000 (pgqueuer's and pg-boss's way of measuring).

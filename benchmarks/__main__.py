@@ -1,5 +1,5 @@
-"""``python -m benchmarks``: every queue figure three times, then the helpers' benchmarks, then
-one summary table (see the package docstring for how to read it)."""
+"""``python -m benchmarks``: every queue figure ``RUNS`` (5) times, then the helpers'
+benchmarks, then one summary table (see the package docstring for how to read it)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The summary table: one row per figure, with its target, its three runs and whether it is met."""
+"""The summary table: one row per figure, with its target, its runs and whether it is met."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .common import median
+from .common import RUNS, median
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ def measured(
 
 def render(rows: Sequence[Row], notes: Sequence[str]) -> str:
     """The table as text, then the notes."""
-    header = Row("figure", "target", "median", None, "3 runs", "peer (issue 2, 2026-11-29)")
+    header = Row("figure", "target", "median", None, f"{RUNS} runs", "peer (issue 2, 2026-11-29)")
     table = [header, *rows]
     widths = [
         max(len(r.figure) for r in table),
