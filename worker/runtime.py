@@ -237,8 +237,10 @@ class WorkerRuntime:
                 await self._pollers_done.wait()
         with anyio.move_on_after(10):
             await self.completer.drain()
-            await self.heartbeat.forget()
         # Completions committed lazily: wait for their flush (a few hundred ms at most, the
-        # server's WAL writer), so none is left that a crash of the server could undo.
+        # server's WAL writer), so none is left that a crash of the server could undo; before
+        # the worker row goes, since its active jobs are then anyone's to rescue.
         await self.unflushed.settled(3.0)
+        with anyio.move_on_after(5):
+            await self.heartbeat.forget()
         self._background.cancel()

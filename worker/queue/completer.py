@@ -83,9 +83,19 @@ class Completer:
         """``jobs`` were written as completed, except the ids in ``lost`` (lease lost);
         ``session``: lazily, under that watch session."""
         if jobs:
+            lost = set(lost)
             if session and self._unflushed is not None:
-                self._unflushed.written(session, jobs)
+                self._unflushed.written(
+                    session, [job for job in jobs if job.id not in lost] if lost else jobs
+                )
             self._settle_completed(jobs, lost)
+
+    def maybe_written(self, session: int, jobs: list[ClaimedJob]) -> None:
+        """A lazy write of these successes failed without a clear answer (it may have
+        committed): kept until flushed as if written, since writing them again may match nothing
+        and flush nothing. They are also restored for another write, as any failed one."""
+        if session and self._unflushed is not None:
+            self._unflushed.written(session, jobs)
 
     def restore_done(self, jobs: list[ClaimedJob]) -> None:
         """Take back successes whose write failed; they go out with the next flush."""
@@ -258,7 +268,11 @@ class Completer:
 
     async def _write_done(self, jobs: list[ClaimedJob]) -> None:
         session = self.lazy_session()
-        lost = await self._store.complete_lost(jobs, lazy=session != 0)
+        try:
+            lost = await self._store.complete_lost(jobs, lazy=session != 0)
+        except BaseException:
+            self.maybe_written(session, jobs)
+            raise
         self.settle_done(jobs, lost, session)
 
     async def _write_failed(self, failures: list[tuple[ClaimedJob, str, bool]]) -> None:

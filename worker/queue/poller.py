@@ -204,6 +204,7 @@ class Poller:
             self._solo = False
             mine = sum(1 for job in done if job.queue == queue)
             want = min(consumer.batch_size, self._limit - self._held + mine)
+            session = 0
             try:
                 if done:
                     session = self._completer.lazy_session()
@@ -217,6 +218,7 @@ class Poller:
             except Exception as exc:
                 # Not written (or unknown: a second write of a written job matches nothing and
                 # is only logged as lease lost): the successes go out with the next flush.
+                self._completer.maybe_written(session, done)
                 self._completer.restore_done(done)
                 retryable = isinstance(exc, RETRYABLE_ERRORS)
                 if not retryable and not done:

@@ -30,10 +30,12 @@ def _claim_next(queue: str, limit: str) -> str:
 #: Makes the statement's own (implicit) transaction commit without waiting for the WAL flush.
 #: An uncorrelated subquery: evaluated once, as a one-time filter, whatever the row count.
 _LAZY_COMMIT = "  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL\n"
-#: The same when the ``:lazy`` parameter is true; otherwise the commit is as the server says.
+#: The same when the ``:lazy`` parameter is true and the server has no synchronous standby (an
+#: acknowledged outcome must survive a failover then: contract section 12); otherwise the commit
+#: is as the server says.
 _LAZY_COMMIT_IF = (
-    "  AND (SELECT CASE WHEN :lazy::bool THEN set_config('synchronous_commit', 'off', true)\n"
-    "              ELSE '' END) IS NOT NULL\n"
+    "  AND (SELECT CASE WHEN :lazy::bool AND current_setting('synchronous_standby_names') = ''\n"
+    "              THEN set_config('synchronous_commit', 'off', true) ELSE '' END) IS NOT NULL\n"
 )
 
 
@@ -526,13 +528,19 @@ DB_NOW = "SELECT now()"
 
 WAL_POSITION = """
 -- wal_position: how far this server's WAL is inserted and flushed (bytes from 0/0), whether
--- this session may write, and whether commits wait for a synchronous standby. Read by the
+-- this session may write, and the watch's session value (flush_watch). Read by the
 -- worker's unflushed-completion watch (worker.queue.unflushed); reads nothing else, writes
 -- nothing.
 SELECT (pg_current_wal_insert_lsn() - '0/0')::int8 AS inserted,
        (pg_current_wal_flush_lsn() - '0/0')::int8 AS flushed,
        current_setting('transaction_read_only')::bool AS read_only,
-       current_setting('synchronous_standby_names') <> '' AS replicated
+       current_setting('chassis.flush_watch', true) AS token
+"""
+
+FLUSH_WATCH = """
+-- the flush watch's own session: a value set on it alone, which wal_position reads back, so a
+-- check that reached another server session (through a pooler) is seen.
+SELECT set_config('chassis.flush_watch', :token, false)
 """
 
 NOTIFY_SCHEDULES = """
@@ -625,6 +633,7 @@ class QueueStatements:
     fire_schedule: Rendered
     db_now: Rendered
     wal_position: Rendered
+    flush_watch: Rendered
     counts: Rendered
     compact_counts: Rendered
     install_done: Rendered
@@ -660,6 +669,7 @@ STATEMENTS: tuple[Query, ...] = (
     Query("fire_schedule", FIRE_SCHEDULE),
     Query("db_now", DB_NOW),
     Query("wal_position", WAL_POSITION),
+    Query("flush_watch", FLUSH_WATCH),
     Query("counts", COUNTS),
     Query("compact_counts", COMPACT_COUNTS),
     Query("install_done", INSTALL_DONE),

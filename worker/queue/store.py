@@ -27,12 +27,8 @@ class Fence:
 
     @classmethod
     def of(cls, jobs: Sequence[ClaimedJob]) -> Fence:
+        """The fence of these claimed jobs."""
         return cls([j.id for j in jobs], [j.attempt for j in jobs], [j.started_at for j in jobs])
-
-    def __add__(self, other: Fence) -> Fence:
-        return Fence(
-            self.ids + other.ids, self.attempts + other.attempts, self.claims + other.claims
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +111,10 @@ class JobStore:
         return set(lost)
 
     async def complete_again(self, fence: Fence) -> int:
-        """Write completions once more, waiting for the disk (their first, lazy commit may have
-        been lost); return how many matched, i.e. had been lost. One already written matches
-        nothing: it is no longer active."""
+        """Write completions once more, not lazily (their first, lazy commit may have been
+        lost; this one waits for the disk unless the role's own synchronous_commit is off);
+        return how many matched, i.e. had been lost. One already written matches nothing: it is
+        no longer active."""
         lost = await db.fetchval(
             self.pool,
             self.sql.complete_lost,
