@@ -285,3 +285,28 @@ async def test_a_refused_completion_riding_a_claim_stops_neither_poller_nor_othe
     assert (await states(pool))[refused][0] == "active"
     given_up = [e["ids"] for e in captured_logs if e["event"] == "job.outcome_given_up"]
     assert given_up == [[refused]]
+
+
+async def test_two_claims_in_flight_never_hold_more_than_concurrency(pool, sender: Sender) -> None:
+    """A consumer two batches wide (batch 5, concurrency 10) claims with two fetchers, each
+    reserving its slots before its claim is sent: however the claims interleave, no more than
+    10 jobs are ever active, and all 60 run once."""
+    await make_queue(pool, "q", retry_limit=0, expire_seconds=30)
+    ids = await sender.send_many("q", [{"n": n} for n in range(60)])
+    most = 0
+    runs: Counter[int] = Counter()
+
+    async def handler(job: ClaimedJob) -> None:
+        nonlocal most
+        runs[job.id] += 1
+        active = await pool.fetchval("SELECT count(*) FROM jobs.job WHERE state = 'active'")
+        most = max(most, active)
+        await anyio.sleep(0.02)
+
+    async def settled() -> bool:
+        return all(s == "completed" for s, _ in (await states(pool)).values())
+
+    consumer = Consumer("q", batch_size=5, concurrency=10, run_job=handler)
+    await run_until(pool, consumer, settled, timeout=60)
+    assert runs == Counter({i: 1 for i in ids})
+    assert 0 < most <= 10

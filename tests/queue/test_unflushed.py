@@ -107,7 +107,8 @@ async def test_completions_a_crash_undid_are_written_again_after_the_session_end
     # Written again once or twice (at the session's loss through the pool, then under the new
     # session): every write covers the four, and two of them were restored.
     again = [e for e in captured_logs if e["event"] == "job.completions_written_again"]
-    assert again and all(e["jobs"] == 4 for e in again)
+    assert again
+    assert all(e["jobs"] == 4 for e in again)
     assert sum(e["restored"] for e in again) == 2
 
 

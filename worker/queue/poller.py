@@ -1,4 +1,5 @@
-"""One queue's consumer: a fetcher that claims batches and ``concurrency`` runners."""
+"""One queue's consumer: a fetcher (two when two batches fit) that claims batches, and
+``concurrency`` runners."""
 
 from __future__ import annotations
 
@@ -117,6 +118,17 @@ class Poller:
             self._limit = consumer.concurrency
         # Claim again once at least half a batch of room is free, not one slot at a time.
         self._threshold = max(1, min(consumer.batch_size, self._limit) // 2)
+        # Two claims in flight when two batches fit (per-job consumers, not one-per-key): the
+        # next batch is claimed while the database still answers the last, so the claim's
+        # round trip is off the runners' critical path. Each claim reserves its slots before
+        # it is sent, so the poller still never holds more than it can start.
+        wide = (
+            not self._batches
+            and not consumer.one_per_key
+            and consumer.batch_size > 1
+            and self._limit >= 2 * consumer.batch_size
+        )
+        self._fetchers = 2 if wide else 1
         self.stopped = anyio.Event()
 
     @property
@@ -159,7 +171,9 @@ class Poller:
                 for _ in range(self.consumer.concurrency):
                     tg.start_soon(self._runner)
                 try:
-                    await self._fetcher()
+                    async with anyio.create_task_group() as fetchers:
+                        for _ in range(self._fetchers):
+                            fetchers.start_soon(self._fetcher)
                 finally:
                     self._closed = True
                     while self._idle:
@@ -204,6 +218,13 @@ class Poller:
             self._solo = False
             mine = sum(1 for job in done if job.queue == queue)
             want = min(consumer.batch_size, self._limit - self._held + mine)
+            if want <= 0:  # another claim in flight took the room
+                self._completer.restore_done(done)
+                self._wants_room = True
+                await self._capacity.wait_since(self._capacity.generation)
+                continue
+            # Reserved while the claim is in flight: the other fetcher sees the room as taken.
+            self._held += want
             session = 0
             try:
                 if done:
@@ -216,6 +237,8 @@ class Poller:
                     jobs = await self._store.claim(queue, want, one_per_key=consumer.one_per_key)
                 attempt = 0
             except Exception as exc:
+                self._held -= want
+                self._wake_fetcher()
                 # Not written (or unknown: a second write of a written job matches nothing and
                 # is only logged as lease lost): the successes go out with the next flush.
                 self._completer.maybe_written(session, done)
@@ -238,9 +261,11 @@ class Poller:
                 )
                 await anyio.sleep(delay)
                 continue
+            if len(jobs) < want:
+                self._held -= want - len(jobs)
+                self._wake_fetcher()
             if jobs:
                 self._holdings.add(len(jobs))
-                self._held += len(jobs)
                 if self._batches:
                     self._busy += 1
                     self._work.append(jobs)
