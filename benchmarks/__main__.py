@@ -17,7 +17,7 @@ import asyncpg
 
 from worker.logging import configure_logging
 
-from . import ceiling, drain, enqueue, graphile_peer, idle, latency, noop, peer
+from . import ceiling, drain, enqueue, graphile_peer, idle, latency, noop, peer, production
 from .common import RUNS, admin_url, median, surviving_restarts
 from .report import Row, measured, render
 
@@ -60,6 +60,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     """Measure every queue figure ``RUNS`` times; return the rows and the notes."""
     pgq_version = await anyio.to_thread.run_sync(peer.ensure_venv)
     gw_version = await anyio.to_thread.run_sync(graphile_peer.ensure_installed)
+    await anyio.to_thread.run_sync(production.ensure_venv)
     facts = await server_facts()
     progress(
         f"{facts}; pgqueuer {pgq_version} in {peer.VENV.relative_to(peer.PEERS.parent)};"
@@ -74,6 +75,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     sync99: list[float] = []
     sync_many: list[float] = []
     ours, theirs, ratios, rss = [], [], [], []
+    rss_production: list[float] = []
     pick50, pick99, commits, wal = [], [], [], []
     peer_pick50: list[float] = []
     peer_pick99: list[float] = []
@@ -147,6 +149,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             ("pgqueuer", peer.pgqueuer_drain),
             ("graphile", lambda: graphile_peer.graphile_drain("batched")),
             ("ceiling", ceiling.ceiling),
+            ("production", production.production_drain),
         ]
         shift = run % len(measures)
         for name, measure in measures[shift:] + measures[:shift]:
@@ -156,13 +159,14 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         theirs.append(other.rate)
         ratios.append(mine.rate / other.rate)
         rss.append(mine.peak_rss_bytes / MB)
+        rss_production.append(drains["production"].peak_rss_bytes / MB)
         gw_batched.append(gw.rate)
         ceilings.append(top.rate)
         ceiling_runs.append(top)
         progress(
             f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s, "
             f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f}"
-            " MB;"
+            f" MB (production dependencies: {rss_production[-1]:.1f} MB);"
             f" graphile-worker batched {gw.rate:,.0f} jobs/s (ours / graphile"
             f" {mine.rate / gw.rate:.2f}); SQL-only ceiling {top.rate:,.0f} jobs/s"
             f" ({top.variant} statement(s), {top.clients} client(s); drain / ceiling"
@@ -359,11 +363,20 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         ),
         _wal_row(wal, idle_runs),
         measured(
-            "worker peak RSS (VmHWM after the drain)",
+            "worker peak RSS (VmHWM after the drain), development venv",
             rss,
             "MB",
             "<= 60 MB",
             lambda v: v <= 60,
+            digits=1,
+            peer="pgqueuer 47",
+        ),
+        measured(
+            "worker peak RSS after the drain, production dependencies (pip install .)",
+            rss_production,
+            "MB",
+            "<= 50 MB (issue 14)",
+            lambda v: v <= 50,
             digits=1,
             peer="pgqueuer 47",
         ),

@@ -120,10 +120,17 @@ def median(values: Sequence[float]) -> float:
     return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def start_worker(database_url: str, tool_jobs: str, env: Mapping[str, str] | None = None) -> Daemon:
+def start_worker(
+    database_url: str,
+    tool_jobs: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    python: str | None = None,
+) -> Daemon:
     """Start the real daemon (role worker unless ``env`` says otherwise) with
     ``TOOL_JOBS=tool_jobs`` on ``database_url``: the tests' harness with the daemon's default
-    timings and warning-level logs, in a fresh temporary directory."""
+    timings and warning-level logs, in a fresh temporary directory (``python``: another
+    interpreter, see :func:`tests.support.processes.start_daemon`)."""
     workdir = Path(tempfile.mkdtemp(prefix="chassis-bench-"))
     return start_daemon(
         database_url,
@@ -132,4 +139,5 @@ def start_worker(database_url: str, tool_jobs: str, env: Mapping[str, str] | Non
         env={"TOOL_JOBS": tool_jobs, **dict(env or {})},
         name="worker",
         fast=False,
+        python=python,
     )

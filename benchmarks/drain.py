@@ -63,15 +63,16 @@ async def wait_finished(conn: asyncpg.Connection, queue: str, timeout: float) ->
         await anyio.sleep(0.25)
 
 
-async def drain_once() -> DrainResult:
-    """Fill a fresh database, start one worker, time its drain from the database."""
+async def drain_once(python: str | None = None) -> DrainResult:
+    """Fill a fresh database, start one worker, time its drain from the database (``python``:
+    the worker's interpreter, default this one)."""
     async with scratch_database("drain") as url:
         await install_queues(url, DRAIN)
         await fill(url, DRAIN_JOBS)
         conn = await asyncpg.connect(url)
         try:
             await conn.execute("VACUUM ANALYZE jobs.job")
-            daemon = start_worker(url, "benchmarks.noop:DRAIN")
+            daemon = start_worker(url, "benchmarks.noop:DRAIN", python=python)
             try:
                 await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
                 rss = daemon.peak_rss_bytes()

@@ -229,9 +229,11 @@ def start_daemon(
     env: Mapping[str, str] | None = None,
     name: str = "daemon",
     fast: bool = True,
+    python: str | None = None,
 ) -> Daemon:
     """Start ``python -m worker run`` (fast timings unless ``fast`` is false) with ``log_dir``
-    as its working directory; returns at once (see ``wait_ready``)."""
+    as its working directory; returns at once (see ``wait_ready``). ``python``: another
+    interpreter (a venv with other packages; the code is this tree's, through PYTHONPATH)."""
     port = free_port()
     settings = {"SERVICE_ROLE": role, **dict(env or {}), "HTTP_PORT": str(port)}
     full_env = base_env(database_url, fast=fast, **settings)
@@ -239,7 +241,7 @@ def start_daemon(
     log_path = log_dir / f"{name}-{port}.log"
     handle = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker", "run"],
+        [python or sys.executable, "-m", "worker", "run"],
         env=full_env,
         stdout=handle,
         stderr=subprocess.STDOUT,
