@@ -36,11 +36,16 @@ SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'successful') AS done,
 """
 
 
+def make_venv(venv: Path) -> None:
+    """Create a venv at ``venv`` (under ``benchmarks/.peers/``) unless it exists."""
+    if not (venv / "bin" / "python").exists():
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+
+
 def ensure_venv() -> str:
     """Create the peer venv on first use; return the installed pgqueuer version."""
-    if not PYTHON.exists():
-        PEERS.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    make_venv(VENV)
     pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     if _version() is None:
         done = subprocess.run([*pip, WANTED, "uvloop"], check=False, capture_output=True)

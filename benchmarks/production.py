@@ -10,27 +10,27 @@ this tree's code through PYTHONPATH, so the figure follows the code as it is now
 from __future__ import annotations
 
 import subprocess
-import sys
 
 from tests.support.processes import ROOT
 
 from .drain import DrainResult, drain_once
-from .peer import PEERS
+from .peer import PEERS, make_venv
 
 VENV = PEERS / "chassis-production"
 PYTHON = VENV / "bin" / "python"
+STAMP = VENV / ".installed"
 
 
 def ensure_venv() -> str:
     """Create the production venv on first use (runtime dependencies only); its python."""
-    if not PYTHON.exists():
-        PEERS.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    make_venv(VENV)
+    if not STAMP.exists():  # made now, or an install that did not finish
         subprocess.run(
             [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              str(ROOT)],
             check=True,
         )  # fmt: skip
+        STAMP.touch()
     return str(PYTHON)
 
 

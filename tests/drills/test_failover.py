@@ -206,11 +206,7 @@ async def failover(
     (SIGSTOP) for ``lag_for`` seconds as a slow link would, kill the whole primary mid-load,
     promote the standby, load on, then wait (at most ``wait`` s) for every acknowledged job
     and event."""
-    admin = await asyncpg.connect(pair.primary.url())
-    try:
-        await admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    finally:
-        await admin.close()
+    await pair.primary.create_database(DATABASE)
     url = pair.url(DATABASE)
     await create_ledger(url)
     usage = {
@@ -360,11 +356,7 @@ async def test_a_primary_turning_read_only_is_left_for_the_promoted_standby(
     but none exits; once the standby is promoted every one is back on it within 10 s and jobs
     sent there run."""
     with replicated(synchronous=False) as pair:
-        admin = await asyncpg.connect(pair.primary.url())
-        try:
-            await admin.execute(f'CREATE DATABASE "{DATABASE}"')
-        finally:
-            await admin.close()
+        await pair.primary.create_database(DATABASE)
         url = pair.url(DATABASE)
         await create_ledger(url)
         workers = await fleet.start_ready(url, count=2)

@@ -53,36 +53,15 @@ log_min_messages = warning
 STATE = "SELECT state::text FROM jobs.job WHERE id = $1"
 
 
-async def _start_after_kill(node: Node) -> None:
-    """Start the killed server again once its processes are gone (until then its shared memory
-    is still attached, and pg_ctl refuses: "another server might be running")."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            node.start()
-            return
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
 async def test_a_completion_the_crash_undid_is_written_again(fleet: Fleet, drill_report):
     """SIGKILL of every server process just after a lazily committed completion: after the
     restart the worker completes the undone job again; nothing runs twice, nothing waits."""
     with scratch_dir("chassis-crash-") as directory:
         node = Node(postgres_bin(), directory / "data")
-        node.run("initdb", "-D", str(node.data), "-A", "trust", "-U", "postgres", "-N")
-        with (node.data / "postgresql.conf").open("a") as conf:
-            conf.write(_CONF.format(port=node.port))
+        node.initdb(_CONF.format(port=node.port))
         node.start()
         try:
-            admin = await asyncpg.connect(node.url())
-            try:
-                await admin.execute(f'CREATE DATABASE "{DATABASE}"')
-            finally:
-                await admin.close()
-            url = node.url(DATABASE)
+            url = await node.create_database(DATABASE)
             await create_ledger(url)
             # A heartbeat would flush the WAL (its commit waits for the disk): keep it away
             # from the instant of the crash.
@@ -117,7 +96,7 @@ async def test_a_completion_the_crash_undid_is_written_again(fleet: Fleet, drill
                 conn.terminate()
             node.kill()
             killed = time.monotonic()
-            await _start_after_kill(node)
+            await asyncio.to_thread(node.start_after_kill)
             back = time.monotonic()
 
             async def restored() -> bool:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from tests.support.processes import free_port
 from tests.support.tools import unavailable
 
@@ -204,10 +206,38 @@ class Node:
             raise RuntimeError(f"{tool} {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done.stdout
 
+    def initdb(self, conf: str) -> None:
+        """A new cluster (trust, superuser postgres) with ``conf`` appended to its settings."""
+        self.run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-N")
+        with (self.data / "postgresql.conf").open("a") as settings:
+            settings.write(conf)
+
     def start(self) -> None:
         """pg_ctl start, waiting until it accepts connections."""
         self.run("pg_ctl", "-D", str(self.data), "-l", str(self.data / "server.log"), "-w",
                  "-t", "60", "start")  # fmt: skip
+
+    def start_after_kill(self, timeout: float = 30) -> None:
+        """Start it again once the killed server's processes are gone (until then its shared
+        memory is still attached, and pg_ctl refuses: "another server might be running")."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    async def create_database(self, name: str) -> str:
+        """Create database ``name`` on this server; its URL."""
+        admin = await asyncpg.connect(self.url())
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        return self.url(name)
 
     def postmaster_pid(self) -> int | None:
         """The postmaster's pid from its pid file, if that process is this server's postmaster
@@ -309,9 +339,7 @@ class ReplicatedPair:
         """initdb, start the primary, base-backup the standby, start it, then (synchronous)
         make it the synchronous standby and wait until the primary says so."""
         p = self.primary
-        p.run("initdb", "-D", str(p.data), "-A", "trust", "-U", "postgres", "-N")
-        with (p.data / "postgresql.conf").open("a") as conf:
-            conf.write(_CONF.format(port=p.port))
+        p.initdb(_CONF.format(port=p.port))
         p.start()
         s = self.standby
         p.run("pg_basebackup", "-h", "127.0.0.1", "-p", str(p.port), "-U", "postgres",

@@ -115,15 +115,7 @@ class JobStore:
         lost; this one waits for the disk unless the role's own synchronous_commit is off);
         return how many matched, i.e. had been lost. One already written matches nothing: it is
         no longer active."""
-        lost = await db.fetchval(
-            self.pool,
-            self.sql.complete_lost,
-            lazy=False,
-            ids=fence.ids,
-            attempts=fence.attempts,
-            claims=fence.claims,
-            owner=self.owner,
-        )
+        lost = await db.fetchval(self.pool, self.sql.complete_lost, lazy=False, **self._bind(fence))
         return len(fence.ids) - len(lost)
 
     async def fail(
@@ -168,10 +160,13 @@ class JobStore:
 
     def _fence(self, jobs: Sequence[ClaimedJob]) -> dict[str, Any]:
         """The fence parameters of a batched write: ids, attempts, claim instants, owner."""
+        return self._bind(Fence.of(jobs))
+
+    def _bind(self, fence: Fence) -> dict[str, Any]:
         return {
-            "ids": [j.id for j in jobs],
-            "attempts": [j.attempt for j in jobs],
-            "claims": [j.started_at for j in jobs],
+            "ids": fence.ids,
+            "attempts": fence.attempts,
+            "claims": fence.claims,
             "owner": self.owner,
         }
 

@@ -206,7 +206,8 @@ class UnflushedCompletions:
                     )
                     # Whatever the server may have lost is completed again through the pool
                     # now, not only once a watch session is back; kept until one sees it flushed.
-                    await self._write_again(self._take_all(), 0)
+                    # Once: batches already kept under no session were written again before.
+                    await self._write_again(self._take_under_a_session(), 0)
                     await anyio.sleep(delay)
         finally:
             with anyio.CancelScope(shield=True):
@@ -261,6 +262,14 @@ class UnflushedCompletions:
     def _take_all(self) -> list[_Batch]:
         """Remove and return every batch kept."""
         taken, self._batches, self._kept = list(self._batches), deque(), 0
+        return taken
+
+    def _take_under_a_session(self) -> list[_Batch]:
+        """Remove and return the batches kept under a watch session (not 0)."""
+        taken = [b for b in self._batches if b.session]
+        if taken:
+            self._batches = deque(b for b in self._batches if not b.session)
+            self._kept -= sum(len(b.fence.ids) for b in taken)
         return taken
 
     async def _check(self) -> None:
