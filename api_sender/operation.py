@@ -29,10 +29,16 @@ ErrorMap = Callable[[str, BaseException], Exception | None]
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One statement of an operation: the query and its parameter values by name."""
+    """One statement of an operation: the query and its parameter values by name.
+
+    ``alone`` is the same statement's form for a connection in no transaction of the
+    caller's (a sender's own pool or autocommit connection), where an error aborts nothing
+    else; a driver runs it there instead of ``query`` when it is given.
+    """
 
     query: Query
     values: Mapping[str, Any]
+    alone: Query | None = None
 
 
 class Op(Generic[T]):
@@ -97,11 +103,12 @@ def one(
     decode: Callable[[Rows], T],
     *,
     errors: ErrorMap | None = None,
+    alone: Query | None = None,
 ) -> Op[T]:
     """The operation of a single statement whose rows ``decode`` turns into the result."""
 
     def steps() -> Generator[Step, Rows, T]:
-        rows = yield Step(query, values)
+        rows = yield Step(query, values, alone)
         return decode(rows)
 
     return Op(steps(), errors=errors)

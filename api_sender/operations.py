@@ -28,7 +28,7 @@ def send(schema: str, queue: str, data: Any, options: SendOptions) -> Op[int | N
         job_id: int | None = row["id"]
         return job_id
 
-    return one(sql.SEND, values, decode, errors=enqueue_errors(queue, schema))
+    return one(sql.SEND, values, decode, errors=enqueue_errors(queue, schema), alone=sql.SEND_ALONE)
 
 
 def send_many(
@@ -47,7 +47,7 @@ def send_many(
     def steps() -> Generator[Step, Rows, list[int]]:
         if not payloads:
             return []
-        row = found(first((yield Step(sql.SEND_MANY, values))), queue, schema)
+        row = found(first((yield Step(sql.SEND_MANY, values, sql.SEND_MANY_ALONE))), queue, schema)
         return list(row["ids"])
 
     return Op(steps(), errors=enqueue_errors(queue, schema))

@@ -194,3 +194,12 @@ def _check_int(name: str, value: int | None, *, minimum: int, allow_none: bool =
         raise InvalidJob(f"{name} must be an integer", name)
     if not minimum <= value < 2**31:
         raise InvalidJob(f"{name} must be between {minimum} and {2**31 - 1}", name)
+
+
+#: The options of a send that gives none (validated once: SendOptions is immutable).
+DEFAULT_OPTIONS = SendOptions()
+
+
+def options_of(given: SendKwargs) -> SendOptions:
+    """The :class:`SendOptions` of a send's keywords (the shared default when none is given)."""
+    return SendOptions(**given) if given else DEFAULT_OPTIONS

@@ -12,7 +12,7 @@ from . import operations
 from .driver import AsyncpgDriver, async_driver_for, run_async
 from .jobs import JobsApi
 from .operation import Op
-from .options import SendKwargs, SendOptions
+from .options import SendKwargs, SendOptions, options_of
 from .pool import create_pool
 from .queues import QueuesApi
 from .schema import check_schema_name
@@ -118,7 +118,7 @@ class Sender:
         caller's transaction commits. Raises :class:`QueueNotFound` for an unknown queue and
         :class:`InvalidJob` naming the field for invalid input.
         """
-        return await self.send_with(queue, data, SendOptions(**options), connection=connection)
+        return await self.send_with(queue, data, options_of(options), connection=connection)
 
     async def send_with(
         self, queue: str, data: Any, options: SendOptions, *, connection: object | None = None
@@ -146,7 +146,7 @@ class Sender:
         return await self.send_many_with(
             queue,
             items,
-            SendOptions(**options),
+            options_of(options),
             singleton_keys=singleton_keys,
             connection=connection,
         )

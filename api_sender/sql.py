@@ -37,6 +37,17 @@ FROM {_FOUND}
 """,
 )
 
+#: send for a connection in no transaction of the caller's (a sender's own pool or autocommit
+#: connection): no lookup first, as an unknown queue's P0002 then aborts nothing but this
+#: statement (the error map makes it QueueNotFound). One lookup fewer per send.
+SEND_ALONE = Query(
+    "send_alone",
+    f"""
+-- send, alone in its transaction: one job; its id, or NULL when the policy refuses the key.
+SELECT {{s}}.send(:queue, :data::text::jsonb, {_OPTIONS}) AS id, true AS queue_found
+""",
+)
+
 SEND_MANY = Query(
     "send_many",
     f"""
@@ -46,6 +57,15 @@ SELECT CASE WHEN q.queue_found THEN {{s}}.send_many(:queue, :items::text[]::json
                                                   singleton_keys => :keys::text[]) END AS ids,
        q.queue_found
 FROM {_FOUND}
+""",
+)
+
+SEND_MANY_ALONE = Query(
+    "send_many_alone",
+    f"""
+-- send_many, alone in its transaction (see SEND_ALONE).
+SELECT {{s}}.send_many(:queue, :items::text[]::jsonb[], {_OPTIONS},
+                       singleton_keys => :keys::text[]) AS ids, true AS queue_found
 """,
 )
 

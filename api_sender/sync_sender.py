@@ -17,7 +17,7 @@ from .driver import SyncDriver, roots, run_sync, sync_driver_for
 from .drivers.base import what
 from .jobs import SyncJobsApi
 from .operation import Op
-from .options import SendKwargs, SendOptions
+from .options import SendKwargs, SendOptions, options_of
 from .queues import SyncQueuesApi
 from .schema import check_schema_name
 from .timers import SyncTimers
@@ -129,7 +129,7 @@ class SyncSender:
         **options: Unpack[SendKwargs],
     ) -> int | None:
         """See :meth:`Sender.send <api_sender.Sender.send>`."""
-        return self.send_with(queue, data, SendOptions(**options), connection=connection)
+        return self.send_with(queue, data, options_of(options), connection=connection)
 
     def send_with(
         self, queue: str, data: Any, options: SendOptions, *, connection: object | None = None
@@ -147,5 +147,5 @@ class SyncSender:
         **options: Unpack[SendKwargs],
     ) -> list[int]:
         """See :meth:`Sender.send_many <api_sender.Sender.send_many>`."""
-        op = operations.send_many(self.schema, queue, items, SendOptions(**options), singleton_keys)
+        op = operations.send_many(self.schema, queue, items, options_of(options), singleton_keys)
         return self.run(op, connection)

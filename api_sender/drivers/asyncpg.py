@@ -34,6 +34,8 @@ class AsyncpgDriver(Bound):
     def __init__(self, executor: asyncpg.Pool | asyncpg.Connection, schema: str) -> None:
         super().__init__(schema)
         self._executor = executor
+        # On a pool every statement runs on a connection in no transaction of the caller's.
+        self._alone = isinstance(executor, asyncpg.Pool)
         self._kept: list[Any] | None = None
         self._sweep: asyncio.TimerHandle | None = None
         self._releasing: set[asyncio.Task[None]] = set()
@@ -45,7 +47,7 @@ class AsyncpgDriver(Bound):
         self._kept = []
 
     async def execute(self, step: Step) -> Rows:
-        text, args = self.bind(step)
+        text, args = self.bind(step, self._alone)
         if self._kept is None:
             return cast("Rows", await self._executor.fetch(text, *args))
         conn = await self._take()

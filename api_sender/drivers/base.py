@@ -24,9 +24,11 @@ class Bound:
     def __init__(self, schema: str) -> None:
         self.schema = schema
 
-    def bind(self, step: Step) -> tuple[str, list[Any]]:
-        """The statement text and its positional arguments."""
-        sql = rendered(step.query, self.schema, self.style)
+    def bind(self, step: Step, alone: bool = False) -> tuple[str, list[Any]]:
+        """The statement text and its positional arguments; with ``alone`` (the connection is
+        in no transaction of the caller's) the step's ``alone`` form when it has one."""
+        query = step.alone if alone and step.alone is not None else step.query
+        sql = rendered(query, self.schema, self.style)
         return sql.text, sql.args(step.values)
 
 

@@ -97,15 +97,18 @@ class PsycopgDriver(Bound):
         schema: str,
         *,
         lock: threading.RLock | None = None,
+        alone: bool = False,
     ) -> None:
         super().__init__(schema)
         self.connection = connection
         self._lock = lock
+        # A pool's connection, used for one operation of ours and committed after it.
+        self._alone = alone
         # The owned connection's one cursor, used under the lock (the caller's: one per call).
         self._cursor: psycopg.Cursor[dict[str, Any]] | None = None
 
     def execute(self, step: Step) -> Rows:
-        text, args = self.bind(step)
+        text, args = self.bind(step, self._alone or self._autocommitting())
         if self._lock is None:
             with self.connection.cursor(row_factory=dict_row) as cursor:
                 cursor.execute(text, args)
@@ -116,6 +119,13 @@ class PsycopgDriver(Bound):
             owned = self._cursor
             owned.execute(text, args)
             return owned.fetchall() if owned.description is not None else []
+
+    def _autocommitting(self) -> bool:
+        """Whether this is the owned connection, in autocommit and no transaction (each
+        statement then commits alone)."""
+        if self._lock is None or not self.connection.autocommit:
+            return False
+        return self.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
     def scope(self, atomic: bool) -> AbstractContextManager[SyncDriver] | None:
         if self._lock is not None:
@@ -172,7 +182,7 @@ class PoolDriver(Bound):
     @contextmanager
     def _checkout(self, atomic: bool) -> Iterator[SyncDriver]:
         with self._pool.connection() as connection:
-            driver = PsycopgDriver(connection, self.schema)
+            driver = PsycopgDriver(connection, self.schema, alone=not atomic)
             if atomic and connection.autocommit:
                 with connection.transaction():
                     yield driver

@@ -282,6 +282,46 @@ async def test_sender_maps_the_function_errors(sender: Sender, pool) -> None:
     assert await sender.timers.cancel("nope", "k") is False
 
 
+async def test_an_unknown_queue_aborts_nothing_of_the_callers_transaction(
+    sender: Sender, pool, db_url: str
+) -> None:
+    """On the sender's own pool or autocommit connection a send runs alone (the function
+    raises P0002 and nothing else is lost); inside a caller's transaction it looks the queue
+    up first, so QueueNotFound leaves that transaction open and its other work commits."""
+    psycopg = pytest.importorskip("psycopg")
+    from api_sender import SyncSender
+
+    await _queues(pool)
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("CREATE TABLE mine (n int)")
+            await conn.execute("INSERT INTO mine VALUES (1)")
+            with pytest.raises(QueueNotFound):
+                await sender.send("nope", {}, connection=conn)
+            with pytest.raises(QueueNotFound):
+                await sender.send_many("nope", [{}], connection=conn)
+            kept = await sender.send("q", {"n": 1}, connection=conn)
+        assert await conn.fetchval("SELECT count(*) FROM mine") == 1
+
+    def in_psycopg() -> int | None:
+        with psycopg.connect(db_url) as caller, SyncSender.connect(db_url) as own:
+            caller.execute("INSERT INTO mine VALUES (2)")
+            with pytest.raises(QueueNotFound):
+                own.send("nope", {}, connection=caller)
+            with caller.transaction(), pytest.raises(QueueNotFound):
+                SyncSender(caller).send("nope", {})
+            job = own.send("q", {"n": 2}, connection=caller)
+            caller.commit()
+            with pytest.raises(QueueNotFound):
+                own.send("nope", {})
+            return job
+
+    psycopg_job = await asyncio.to_thread(in_psycopg)
+    assert await pool.fetchval("SELECT count(*) FROM mine") == 2
+    rows = await pool.fetch("SELECT id FROM jobs.job ORDER BY id")
+    assert [row["id"] for row in rows] == [kept, psycopg_job]
+
+
 # --- The api role of config/roles.sql --------------------------------------------------------
 
 
