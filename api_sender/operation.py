@@ -106,12 +106,27 @@ def one(
     alone: Query | None = None,
 ) -> Op[T]:
     """The operation of a single statement whose rows ``decode`` turns into the result."""
+    return _OneStatement(Step(query, values, alone), decode, errors)
 
-    def steps() -> Generator[Step, Rows, T]:
-        rows = yield Step(query, values, alone)
-        return decode(rows)
 
-    return Op(steps(), errors=errors)
+class _OneStatement(Op[T]):
+    """An :class:`Op` of one statement, without a generator (the hot path of a send)."""
+
+    __slots__ = ("_decode", "_step")
+
+    def __init__(self, step: Step, decode: Callable[[Rows], T], errors: ErrorMap | None) -> None:
+        self._step = step
+        self._decode = decode
+        self._result: T | None = None
+        self.atomic = False
+        self.errors = errors
+
+    def start(self) -> Step | None:
+        return self._step
+
+    def send(self, rows: Rows) -> Step | None:
+        self._result = self._decode(rows)
+        return None
 
 
 def first(rows: Rows) -> Row:

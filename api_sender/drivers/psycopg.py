@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -15,13 +15,39 @@ from contextlib import (
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import RowMaker
 
 from ..operation import Rows, Step
 from .base import AsyncDriver, Bound, SyncDriver, what
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
+
+#: The cursors a row factory is given (sync and async).
+Cursors = psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]
+
+
+def _mapping_rows(cursor: Cursors) -> RowMaker[dict[str, Any]]:
+    """Rows as dicts by column name (psycopg's ``dict_row``, with the names read off the result
+    itself instead of ``cursor.description``, which builds a Column object per column per
+    statement)."""
+    result = cursor.pgresult
+    if result is None:
+        names: list[str] = []
+    else:
+        encoding = cursor.connection.info.encoding
+        names = [(result.fname(i) or b"").decode(encoding) for i in range(result.nfields)]
+
+    def make(values: Sequence[Any]) -> dict[str, Any]:
+        return dict(zip(names, values, strict=True))
+
+    return make
+
+
+def _has_rows(cursor: Cursors) -> bool:
+    """Whether the last statement answered rows (fetchall raises otherwise)."""
+    result = cursor.pgresult
+    return result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def async_driver(connection: object, schema: str, accepted: str) -> AsyncDriver:
@@ -110,15 +136,15 @@ class PsycopgDriver(Bound):
     def execute(self, step: Step) -> Rows:
         text, args = self.bind(step, self._alone or self._autocommitting())
         if self._lock is None:
-            with self.connection.cursor(row_factory=dict_row) as cursor:
+            with self.connection.cursor(row_factory=_mapping_rows) as cursor:
                 cursor.execute(text, args)
-                return cursor.fetchall() if cursor.description is not None else []
+                return cursor.fetchall() if _has_rows(cursor) else []
         with self._lock:
             if self._cursor is None or self._cursor.closed:
-                self._cursor = self.connection.cursor(row_factory=dict_row)
+                self._cursor = self.connection.cursor(row_factory=_mapping_rows)
             owned = self._cursor
             owned.execute(text, args)
-            return owned.fetchall() if owned.description is not None else []
+            return owned.fetchall() if _has_rows(owned) else []
 
     def _autocommitting(self) -> bool:
         """Whether this is the owned connection, in autocommit and no transaction (each
@@ -201,9 +227,9 @@ class AsyncPsycopgDriver(Bound):
 
     async def execute(self, step: Step) -> Rows:
         text, args = self.bind(step)
-        async with self._connection.cursor(row_factory=dict_row) as cursor:
+        async with self._connection.cursor(row_factory=_mapping_rows) as cursor:
             await cursor.execute(text, args)
-            return await cursor.fetchall() if cursor.description is not None else []
+            return await cursor.fetchall() if _has_rows(cursor) else []
 
     def scope(self, atomic: bool) -> AbstractAsyncContextManager[AsyncDriver] | None:
         return self._transaction() if atomic and _own_block(self._connection) else None
