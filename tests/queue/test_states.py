@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import asyncpg
@@ -249,6 +250,33 @@ async def test_a_batch_listing_a_job_under_both_claims_completes_the_current_one
         assert lost == {job_id}
     for done in (job_id, other_id):
         assert (await job_row(pool, done))["st"] == "completed"
+
+
+@pytest.mark.parametrize("write", ["complete", "complete_lost", "complete_and_claim"])
+async def test_a_shuffled_batch_of_two_claims_matches_each_job_by_its_own_entry(
+    pool, sender: Sender, write: str
+) -> None:
+    """Completions handed over in any order, from two claims, match each job by its own
+    attempt and claim instant (the statement finds a row's entries by binary search over the
+    sorted ids): an entry whose claim instant is not the job's matches nothing and is lost."""
+    await make_queue(pool, "q", retry_limit=3)
+    await sender.send_many("q", [{"n": n} for n in range(60)])
+    store = store_for(pool)
+    jobs = await store.claim("q", 30) + await store.claim("q", 30)
+    assert len({job.started_at for job in jobs}) == 2
+    stale = replace(jobs[7], started_at=jobs[7].started_at - timedelta(seconds=1))
+    rest = jobs[:7] + jobs[8:]
+    batch = [*rest[::-1][1::2], stale, *rest[::-1][::2]]  # interleaved and reversed
+    if write == "complete":
+        assert await store.complete(batch) == {job.id for job in rest}
+    elif write == "complete_lost":
+        assert await store.complete_lost(batch) == {stale.id}
+    else:
+        _, lost = await store.complete_and_claim(batch, "q", 1)
+        assert lost == {stale.id}
+    states = await pool.fetch("SELECT id, state::text AS st FROM jobs.job")
+    assert {row["id"] for row in states if row["st"] == "active"} == {stale.id}
+    assert sum(row["st"] == "completed" for row in states) == 59
 
 
 async def test_a_rescue_of_a_lost_claim_never_settles_a_later_claim(pool, sender: Sender) -> None:

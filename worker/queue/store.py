@@ -19,7 +19,8 @@ from .sql import QueueStatements
 @dataclass(frozen=True, slots=True)
 class Fence:
     """What identifies a batch of claims: ids, attempts and claim instants, by position (the
-    owner is the store's)."""
+    owner is the store's). The ids are in ascending order: the completion statements find the
+    entries of a row's id by binary search (sql._complete_update)."""
 
     ids: list[int]
     attempts: list[int]
@@ -27,8 +28,12 @@ class Fence:
 
     @classmethod
     def of(cls, jobs: Sequence[ClaimedJob]) -> Fence:
-        """The fence of these claimed jobs."""
-        return cls([j.id for j in jobs], [j.attempt for j in jobs], [j.started_at for j in jobs])
+        """The fence of these claimed jobs, sorted by id (stable: a job listed twice keeps the
+        order of its entries)."""
+        ordered = sorted(jobs, key=_ID)
+        return cls(
+            [j.id for j in ordered], [j.attempt for j in ordered], [j.started_at for j in ordered]
+        )
 
 
 @dataclass(frozen=True, slots=True)
