@@ -90,6 +90,8 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     gw_pick99: list[float] = []
     ceilings: list[float] = []
     ceiling_runs: list[ceiling.Ceiling] = []
+    wide: list[float] = []
+    wide_ceilings: list[float] = []
     for run in range(RUNS):
         one, chunks = await surviving_restarts(enqueue.send_many_rate)
         many.append(one)
@@ -150,6 +152,11 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             ("graphile", lambda: graphile_peer.graphile_drain("batched")),
             ("ceiling", ceiling.ceiling),
             ("production", production.production_drain),
+            (
+                "wide",
+                lambda: drain.drain_once(batch=noop.WIDE_BATCH, concurrency=noop.WIDE_CONCURRENCY),
+            ),
+            ("wide ceiling", lambda: ceiling.ceiling(batch=noop.WIDE_BATCH)),
         ]
         shift = run % len(measures)
         for name, measure in measures[shift:] + measures[:shift]:
@@ -163,6 +170,8 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         gw_batched.append(gw.rate)
         ceilings.append(top.rate)
         ceiling_runs.append(top)
+        wide.append(drains["wide"].rate)
+        wide_ceilings.append(drains["wide ceiling"].rate)
         progress(
             f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s, "
             f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f}"
@@ -170,7 +179,9 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             f" graphile-worker batched {gw.rate:,.0f} jobs/s (ours / graphile"
             f" {mine.rate / gw.rate:.2f}); SQL-only ceiling {top.rate:,.0f} jobs/s"
             f" ({top.variant} statement(s), {top.clients} client(s); drain / ceiling"
-            f" {mine.rate / top.rate:.0%})"
+            f" {mine.rate / top.rate:.0%}); at batch {noop.WIDE_BATCH}: drain"
+            f" {wide[-1]:,.0f} jobs/s (ours / graphile {wide[-1] / gw.rate:.2f}), ceiling"
+            f" {wide_ceilings[-1]:,.0f} jobs/s (drain / ceiling {wide[-1] / wide_ceilings[-1]:.0%})"
         )
         slow = await surviving_restarts(
             lambda: graphile_peer.graphile_drain("defaults", graphile_peer.DEFAULTS_JOBS)
@@ -327,6 +338,31 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             ">= 85%",
             lambda v: v >= 85,
         ),
+        _info(
+            f"drain at graphile-worker's batch (batch_size={noop.WIDE_BATCH},"
+            f" concurrency={noop.WIDE_CONCURRENCY})",
+            wide,
+            "jobs/s",
+        ),
+        _ratio_row(
+            f"drain ratio ours / graphile-worker batched, both at batch {noop.WIDE_BATCH}",
+            wide,
+            gw_batched,
+            ">= 1.2x",
+            lambda v: v >= 1.2,
+        ),
+        _info(
+            f"SQL-only ceiling at batch {noop.WIDE_BATCH} (pgbench, bare table)",
+            wide_ceilings,
+            "jobs/s",
+        ),
+        measured(
+            f"drain / SQL-only ceiling, both at batch {noop.WIDE_BATCH}",
+            [100 * r for r in _ratios(wide, wide_ceilings)],
+            "%",
+            ">= 85%",
+            lambda v: v >= 85,
+        ),
         measured(
             "pickup latency p50 at 100 jobs/s",
             pick50,
@@ -406,6 +442,11 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         + " (per run: "
         + "; ".join(f"{c.variant} statement(s) x {c.clients}" for c in ceiling_runs)
         + ").",
+        f"The wide drain: graphile-worker's batched settings fetch {noop.WIDE_BATCH} jobs per"
+        f" query (localQueue.size); ours at the same batch needs concurrency"
+        f" {noop.WIDE_CONCURRENCY} to keep two claims in flight (a poller never holds more jobs"
+        " than it can start), and its ceiling is pgbench at that batch too. The peak RSS rows"
+        f" are the drain at batch {noop.DRAIN_BATCH}.",
         "The peer column quotes issue 2's medians from 2026-11-29. Measured side by side here:"
         " the drain, pgqueuer's producer (Queries.enqueue on one asyncpg connection, its"
         " driver's model) timed as ours, and its pickup (pgqueuer.run with its defaults, a"

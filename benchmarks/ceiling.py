@@ -50,9 +50,11 @@ JOBS = 60_000
 PGBENCH_CANDIDATES = ("/usr/lib/postgresql/15/bin/pgbench",)
 
 #: pgbench variables in place of the statements' parameters.
+#: The arrays in id order, as the worker sends them (store.Fence: the completion's fence finds
+#: each row's entries by binary search).
 _AGGREGATED = (
-    "SELECT array_agg(id) AS ids, array_agg(attempt) AS attempts,"
-    " array_agg(started_at) AS claims, array_agg(data) AS payloads FROM claimed"
+    "SELECT array_agg(id ORDER BY id) AS ids, array_agg(attempt ORDER BY id) AS attempts,"
+    " array_agg(started_at ORDER BY id) AS claims, array_agg(data) AS payloads FROM claimed"
 )
 
 
@@ -163,7 +165,7 @@ async def _fill(url: str, schema: str, jobs: int) -> None:
         await conn.close()
 
 
-def _run_pgbench(url: str, script: str, clients: int, transactions: int) -> float:
+def _run_pgbench(url: str, script: str, clients: int, transactions: int, batch: int) -> float:
     """Run ``script`` ``transactions`` times per client; return pgbench's tps (without
     connection time)."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="ceiling-", delete=False) as f:
@@ -189,7 +191,7 @@ def _run_pgbench(url: str, script: str, clients: int, transactions: int) -> floa
                 "-D",
                 f"queue={DRAIN_QUEUE}",
                 "-D",
-                f"batch={DRAIN_BATCH}",
+                f"batch={batch}",
                 "-D",
                 "ids={}",
                 "-D",
@@ -212,20 +214,23 @@ def _run_pgbench(url: str, script: str, clients: int, transactions: int) -> floa
     return float(match.group(1))
 
 
-async def ceiling_once(variant: str, table: str, clients: int, jobs: int = JOBS) -> Ceiling:
+async def ceiling_once(
+    variant: str, table: str, clients: int, jobs: int = JOBS, batch: int = DRAIN_BATCH
+) -> Ceiling:
     """One pgbench run of ``variant`` (``one`` or ``two`` statements) on a fresh database's
-    ``bare`` or ``real`` table with ``clients`` clients, completing about ``jobs`` jobs."""
+    ``bare`` or ``real`` table with ``clients`` clients, completing about ``jobs`` jobs in
+    batches of ``batch``."""
     schema = "bare" if table == "bare" else "jobs"
     script = one_statement_script(schema) if variant == "one" else two_statement_script(schema)
-    transactions = max(1, jobs // DRAIN_BATCH // clients)
+    transactions = max(1, jobs // batch // clients)
     async with scratch_database("ceiling") as url:
         await install_queues(url, DRAIN)
         if table == "bare":
             await _bare_table(url)
         # Spare rows, so even the last transaction of every client claims a full batch.
-        await _fill(url, schema, transactions * clients * DRAIN_BATCH + clients * DRAIN_BATCH)
+        await _fill(url, schema, transactions * clients * batch + clients * batch)
         tps = await anyio.to_thread.run_sync(
-            lambda: _run_pgbench(url, script, clients, transactions)
+            lambda: _run_pgbench(url, script, clients, transactions, batch)
         )
         # The fence must have matched: every batch claimed was completed (but a client's last
         # claim under one statement, which the next transaction would have completed).
@@ -236,19 +241,20 @@ async def ceiling_once(variant: str, table: str, clients: int, jobs: int = JOBS)
             )
         finally:
             await conn.close()
-    wanted = (transactions - (1 if variant == "one" else 0)) * clients * DRAIN_BATCH
+    wanted = (transactions - (1 if variant == "one" else 0)) * clients * batch
     if done != wanted:
         raise RuntimeError(f"ceiling {variant}/{table}/{clients}: {done} of {wanted} completed")
     # One statement: each transaction completes the previous batch (a client's first completes
     # none); two statements: each completes its own.
     completing = (transactions - 1) / transactions if variant == "one" else 1.0
-    return Ceiling(variant, table, clients, tps * DRAIN_BATCH * completing)
+    return Ceiling(variant, table, clients, tps * batch * completing)
 
 
-async def ceiling(table: str = "bare") -> Ceiling:
-    """The fastest of both variants with 1 and 2 clients on ``table``: the ceiling."""
+async def ceiling(table: str = "bare", batch: int = DRAIN_BATCH) -> Ceiling:
+    """The fastest of both variants with 1 and 2 clients on ``table`` at ``batch``: the
+    ceiling."""
     runs = [
-        await ceiling_once(variant, table, clients)
+        await ceiling_once(variant, table, clients, batch=batch)
         for variant in ("one", "two")
         for clients in (1, 2)
     ]

@@ -63,16 +63,23 @@ async def wait_finished(conn: asyncpg.Connection, queue: str, timeout: float) ->
         await anyio.sleep(0.25)
 
 
-async def drain_once(python: str | None = None) -> DrainResult:
+async def drain_once(
+    python: str | None = None,
+    *,
+    batch: int = DRAIN_BATCH,
+    concurrency: int = DRAIN_CONCURRENCY,
+) -> DrainResult:
     """Fill a fresh database, start one worker, time its drain from the database (``python``:
-    the worker's interpreter, default this one)."""
+    the worker's interpreter, default this one; ``batch``/``concurrency``: the drain queue's
+    declaration, through benchmarks.noop's environment overrides)."""
     async with scratch_database("drain") as url:
         await install_queues(url, DRAIN)
         await fill(url, DRAIN_JOBS)
         conn = await asyncpg.connect(url)
         try:
             await conn.execute("VACUUM ANALYZE jobs.job")
-            daemon = start_worker(url, "benchmarks.noop:DRAIN", python=python)
+            sizes = {"BENCH_DRAIN_BATCH": str(batch), "BENCH_DRAIN_CONCURRENCY": str(concurrency)}
+            daemon = start_worker(url, "benchmarks.noop:DRAIN", sizes, python=python)
             try:
                 await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
                 rss = daemon.peak_rss_bytes()

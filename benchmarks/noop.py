@@ -20,6 +20,10 @@ IDLE_QUEUE = "bench-idle"
 #: The drain's claim size and handler count (BENCH_DRAIN_BATCH / BENCH_DRAIN_CONCURRENCY override).
 DRAIN_BATCH = int(os.environ.get("BENCH_DRAIN_BATCH", "200"))
 DRAIN_CONCURRENCY = int(os.environ.get("BENCH_DRAIN_CONCURRENCY", "400"))
+#: The wide drain: batches of graphile-worker's batched local queue (localQueue.size 500), two
+#: of them in hand (two claims in flight need concurrency >= 2 x batch; 1,000 is the maximum).
+WIDE_BATCH = 500
+WIDE_CONCURRENCY = 1000
 
 
 async def noop(_data: Any, _info: JobInfo) -> None:
