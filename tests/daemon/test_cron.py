@@ -220,7 +220,11 @@ async def test_ticks_missed_while_down_fire_once_at_boot(db_url: str, tmp_path) 
     finally:
         first.kill()
     before = await cron_jobs(db_url)
-    await asyncio.sleep(7.5)  # at least three 2-second ticks with nobody running
+    # At least three 2-second ticks with nobody running, whatever the phase: the last slot
+    # before the kill is at most 0.2 s before it (polled above), and the catch-up fires for the
+    # newest slot at or before the boot, which rounds down by up to 2 s (7.5 s was not enough
+    # when the second worker booted in under 0.4 s).
+    await asyncio.sleep(9.5)
     second = start_daemon(db_url, tmp_path, name="after", env=CRON_ENV)
     try:
         await asyncio.to_thread(second.wait_ready, 60)
