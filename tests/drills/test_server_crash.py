@@ -36,19 +36,9 @@ DATABASE = "chassis"
 #: The job undone by the crash must be completed again this soon after the server is back.
 BACK_WITHIN = 15.0
 
-_CONF = """
-listen_addresses = '127.0.0.1'
-unix_socket_directories = ''
-port = {port}
-max_connections = 40
-shared_buffers = 32MB
-autovacuum = off
-synchronous_commit = on
-# The WAL writer flushes lazily committed WAL this late (its maximum), so the crash finds the
-# lone completion still in the WAL buffers.
-wal_writer_delay = 10s
-log_min_messages = warning
-"""
+#: The WAL writer flushes lazily committed WAL this late (its maximum), so the crash finds the
+#: lone completion still in the WAL buffers.
+_LATE_WAL_WRITER = "wal_writer_delay = 10s\n"
 
 STATE = "SELECT state::text FROM jobs.job WHERE id = $1"
 
@@ -58,7 +48,7 @@ async def test_a_completion_the_crash_undid_is_written_again(fleet: Fleet, drill
     restart the worker completes the undone job again; nothing runs twice, nothing waits."""
     with scratch_dir("chassis-crash-") as directory:
         node = Node(postgres_bin(), directory / "data")
-        node.initdb(_CONF.format(port=node.port))
+        node.initdb(_LATE_WAL_WRITER)
         node.start()
         try:
             url = await node.create_database(DATABASE)

@@ -180,6 +180,20 @@ def postgres_bin() -> Path:
     return Path(found[-1]).parent
 
 
+#: The settings of every PostgreSQL server the harness starts: loopback only, no socket file,
+#: small, commits waiting for the disk, no autovacuum (a test vacuums what it needs).
+LOOPBACK_CONF = """
+listen_addresses = '127.0.0.1'
+unix_socket_directories = ''
+port = {port}
+max_connections = 80
+shared_buffers = 32MB
+synchronous_commit = on
+autovacuum = off
+log_min_messages = warning
+"""
+
+
 @dataclass
 class Node:
     """One PostgreSQL server of the pair."""
@@ -206,11 +220,12 @@ class Node:
             raise RuntimeError(f"{tool} {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done.stdout
 
-    def initdb(self, conf: str) -> None:
-        """A new cluster (trust, superuser postgres) with ``conf`` appended to its settings."""
+    def initdb(self, conf: str = "") -> None:
+        """A new cluster (trust, superuser postgres) on this node's loopback port, with the
+        settings every harness server shares (:data:`LOOPBACK_CONF`) and then ``conf``."""
         self.run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-N")
         with (self.data / "postgresql.conf").open("a") as settings:
-            settings.write(conf)
+            settings.write(LOOPBACK_CONF.format(port=self.port) + conf)
 
     def start(self) -> None:
         """pg_ctl start, waiting until it accepts connections."""
@@ -296,19 +311,12 @@ def _children(pid: int) -> list[int]:
 
 
 #: Settings both servers share: loopback only, streaming replication, room for the drill.
-_CONF = """
-listen_addresses = '127.0.0.1'
-unix_socket_directories = ''
-port = {port}
-max_connections = 80
-shared_buffers = 32MB
+#: A streaming primary's settings, on top of LOOPBACK_CONF.
+_REPLICATION_CONF = """
 wal_level = replica
 max_wal_senders = 5
 hot_standby = on
 wal_keep_size = 256MB
-synchronous_commit = on
-autovacuum = off
-log_min_messages = warning
 """
 
 
@@ -339,7 +347,7 @@ class ReplicatedPair:
         """initdb, start the primary, base-backup the standby, start it, then (synchronous)
         make it the synchronous standby and wait until the primary says so."""
         p = self.primary
-        p.initdb(_CONF.format(port=p.port))
+        p.initdb(_REPLICATION_CONF)
         p.start()
         s = self.standby
         p.run("pg_basebackup", "-h", "127.0.0.1", "-p", str(p.port), "-U", "postgres",

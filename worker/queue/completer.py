@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -25,6 +25,14 @@ log = structlog.get_logger("worker.queue")
 _TRIES_PER_OUTCOME = 3
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class LazyWrite(Protocol[T_co]):
+    """A write of successes (``lazy``: commit without waiting for the disk) that returns its own
+    result and the ids that no longer matched their claim."""
+
+    def __call__(self, *, lazy: bool) -> Awaitable[tuple[T_co, Iterable[int]]]: ...
 
 
 class Completer:
@@ -89,6 +97,24 @@ class Completer:
                     session, [job for job in jobs if job.id not in lost] if lost else jobs
                 )
             self._settle_completed(jobs, lost)
+
+    async def write_successes(
+        self,
+        jobs: list[ClaimedJob],
+        write: LazyWrite[T],
+    ) -> T:
+        """Write ``jobs`` as completed through ``write(lazy=...)``, which returns its own result and
+        the ids that no longer matched: lazily when a watch session allows, then settled. A
+        write that raised may have committed: its jobs are kept as written
+        (:meth:`maybe_written`) before the error goes on; taking them back is the caller's."""
+        session = self.lazy_session()
+        try:
+            result, lost = await write(lazy=session != 0)
+        except BaseException:
+            self.maybe_written(session, jobs)
+            raise
+        self.settle_done(jobs, lost, session)
+        return result
 
     def maybe_written(self, session: int, jobs: list[ClaimedJob]) -> None:
         """A lazy write of these successes failed without a clear answer (it may have
@@ -267,13 +293,10 @@ class Completer:
             attempt = refusals = 0
 
     async def _write_done(self, jobs: list[ClaimedJob]) -> None:
-        session = self.lazy_session()
-        try:
-            lost = await self._store.complete_lost(jobs, lazy=session != 0)
-        except BaseException:
-            self.maybe_written(session, jobs)
-            raise
-        self.settle_done(jobs, lost, session)
+        async def complete(*, lazy: bool) -> tuple[None, set[int]]:
+            return None, await self._store.complete_lost(jobs, lazy=lazy)
+
+        await self.write_successes(jobs, complete)
 
     async def _write_failed(self, failures: list[tuple[ClaimedJob, str, bool]]) -> None:
         final = {job.id for job, _, is_final in failures if is_final}

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 import structlog
@@ -225,14 +226,11 @@ class Poller:
                 continue
             # Reserved while the claim is in flight: the other fetcher sees the room as taken.
             self._held += want
-            session = 0
             try:
                 if done:
-                    session = self._completer.lazy_session()
-                    jobs, lost = await self._store.complete_and_claim(
-                        done, queue, want, lazy=session != 0
+                    jobs = await self._completer.write_successes(
+                        done, partial(self._store.complete_and_claim, done, queue, want)
                     )
-                    self._completer.settle_done(done, lost, session)
                 else:
                     jobs = await self._store.claim(queue, want, one_per_key=consumer.one_per_key)
                 attempt = 0
@@ -241,7 +239,6 @@ class Poller:
                 self._wake_fetcher()
                 # Not written (or unknown: a second write of a written job matches nothing and
                 # is only logged as lease lost): the successes go out with the next flush.
-                self._completer.maybe_written(session, done)
                 self._completer.restore_done(done)
                 retryable = isinstance(exc, RETRYABLE_ERRORS)
                 if not retryable and not done:
