@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -310,3 +311,48 @@ async def test_two_claims_in_flight_never_hold_more_than_concurrency(pool, sende
     await run_until(pool, consumer, settled, timeout=60)
     assert runs == Counter({i: 1 for i in ids})
     assert 0 < most <= 10
+
+
+async def test_runners_start_as_work_needs_them_up_to_concurrency(pool, sender: Sender) -> None:
+    """Concurrency 50 is a ceiling, not 50 tasks parked from the start: handlers that never
+    await leave the poller a handful of runner tasks, while handlers that wait on each other
+    make it start runners until exactly ``concurrency`` run at once, and never more."""
+    await make_queue(pool, "q", retry_limit=0, expire_seconds=30)
+    await sender.send_many("q", [{"n": n} for n in range(40)])
+    most_tasks = 0
+
+    async def quick(job: ClaimedJob) -> None:
+        pass
+
+    async def quick_settled() -> bool:
+        nonlocal most_tasks
+        most_tasks = max(most_tasks, len(asyncio.all_tasks()))
+        return all(s == "completed" for s, _ in (await states(pool)).values())
+
+    quick_consumer = Consumer("q", batch_size=10, concurrency=50, run_job=quick)
+    await run_until(pool, quick_consumer, quick_settled)
+    assert most_tasks < 20  # the test's own, the completer, two fetchers, a few runners
+
+    await pool.execute("DELETE FROM jobs.job")
+    await sender.send_many("q", [{"n": n} for n in range(20)])
+    running = 0
+    most_running = 0
+    all_in = anyio.Event()
+
+    async def waiting(job: ClaimedJob) -> None:
+        nonlocal running, most_running
+        running += 1
+        most_running = max(most_running, running)
+        if running == 8:
+            all_in.set()
+        with anyio.fail_after(10):
+            await all_in.wait()
+        await anyio.sleep(0.01)
+        running -= 1
+
+    async def settled() -> bool:
+        return all(s == "completed" for s, _ in (await states(pool)).values())
+
+    await run_until(pool, Consumer("q", batch_size=4, concurrency=8, run_job=waiting), settled)
+    assert all_in.is_set()
+    assert most_running == 8

@@ -11,6 +11,7 @@ from functools import partial
 
 import anyio
 import structlog
+from anyio.abc import TaskGroup
 
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
 from ..logging import CURRENT_JOB
@@ -70,6 +71,10 @@ class Poller:
     job: a runner takes the next job itself when its handler returns, and wakes one idle runner
     only while work is left over, so a handler that awaits hands the rest to the others. Each
     runner keeps one cancel scope across jobs and moves its deadline to the job's expiry.
+
+    Runners start when work first finds none idle, up to ``concurrency``, and then stay: a
+    worker whose handlers never await (or that is idle) holds a few tasks, not ``concurrency``
+    of them (each parked runner is about 5 KB of the process's memory).
     """
 
     def __init__(
@@ -107,6 +112,9 @@ class Poller:
         #: not yet running, so a burst of work wakes one spare runner at a time.
         self._idle: deque[anyio.Event] = deque()
         self._waking = 0
+        #: Runner tasks started so far (at most ``concurrency``), in the task group of run().
+        self._runners = 0
+        self._group: TaskGroup | None = None
         self._closed = False
         #: Handler run times, added to job_duration_seconds whenever outcomes are written.
         self._duration = DurationTally(JOB_DURATION.labels(consumer.queue))
@@ -169,8 +177,7 @@ class Poller:
         """Fetch and run until stopped and every claimed job has an outcome."""
         try:
             async with anyio.create_task_group() as tg:
-                for _ in range(self.consumer.concurrency):
-                    tg.start_soon(self._runner)
+                self._group = tg
                 try:
                     async with anyio.create_task_group() as fetchers:
                         for _ in range(self._fetchers):
@@ -273,10 +280,17 @@ class Poller:
                 await self.waker.wait_since(generation)
 
     def _wake_runner(self) -> None:
-        """Wake one idle runner unless one is already on its way."""
-        if self._waking == 0 and self._idle:
+        """Wake one idle runner, or start one while fewer than ``concurrency`` run, unless one
+        is already on its way."""
+        if self._waking:
+            return
+        if self._idle:
             self._waking += 1
             self._idle.popleft().set()
+        elif self._runners < self.consumer.concurrency and self._group is not None:
+            self._runners += 1
+            self._waking += 1
+            self._group.start_soon(self._runner)
 
     async def _next(self) -> Work | None:
         """The next claimed work, or ``None`` once the fetcher is done and nothing is left."""
@@ -306,6 +320,7 @@ class Poller:
             self._wake_fetcher()
 
     async def _runner(self) -> None:
+        self._waking -= 1  # started by _wake_runner as the runner on its way
         # Each runner is its own task with its own context: bind the queue once, the job per run.
         structlog.contextvars.bind_contextvars(queue=self.queue)
         finished = False
