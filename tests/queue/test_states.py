@@ -225,13 +225,14 @@ async def test_an_outcome_of_a_lost_claim_never_settles_a_later_claim(
     assert await write_outcome(store, second, write)
 
 
+@pytest.mark.parametrize("stale_last", [False, True], ids=["stale_first", "stale_last"])
 @pytest.mark.parametrize("write", ["complete", "complete_lost", "complete_and_claim"])
 async def test_a_batch_listing_a_job_under_both_claims_completes_the_current_one(
-    pool, sender: Sender, write: str
+    pool, sender: Sender, write: str, stale_last: bool
 ) -> None:
-    """One completion batch carrying a job twice, the outcome of its lost claim first and then
-    that of its current claim (same id and attempt), completes the job: each row matches
-    any of its entries, not only the first."""
+    """One completion batch carrying a job twice, the outcome of its lost claim and that of its
+    current claim (same id and attempt), in either order, completes the job: each row matches
+    any of its entries, not only its last (the one the statement looks at first)."""
     await make_queue(pool, "q", retry_limit=3)
     job_id = await sender.send("q", {})
     other_id = await sender.send("q", {})
@@ -240,7 +241,7 @@ async def test_a_batch_listing_a_job_under_both_claims_completes_the_current_one
     await lose_claim(pool, job_id)
     second, other = sorted(await store.claim("q", 2), key=lambda j: j.id)
     assert (second.id, other.id) == (job_id, other_id)
-    batch = [other, first, second]
+    batch = [other, second, first] if stale_last else [other, first, second]
     if write == "complete":
         assert await store.complete(batch) == {job_id, other_id}
     elif write == "complete_lost":
