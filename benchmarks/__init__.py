@@ -18,7 +18,9 @@ few percent means little, a median that misses it by a factor means a lot.
 * ``pgqueuer enqueue``: the same two producer figures for pgqueuer in this sitting
   (``Queries.enqueue`` on one asyncpg connection: 20,000 jobs in calls of 1,000, then 5,000
   single enqueues), and the floor: a one-row INSERT into a bare table, timed like a send. No
-  durable send can beat the floor; it tells how fast this machine's disk commits today.
+  durable send can beat the floor; it tells how fast this machine's disk commits today. Beside
+  it, the same one-row INSERT straight into ``jobs.job`` (the row a send writes, without the
+  function or the NOTIFY): the job table's own share of a send's ratio to the floor.
 * ``drain``: 60,000 no-op jobs sent before one real worker process (``python -m worker run``,
   ``SERVICE_ROLE=worker``, ``TOOL_JOBS=benchmarks.noop:DRAIN``: batch_size 200, concurrency
   400, so a second batch is claimed while the first runs) starts; jobs/s from the first claim to

@@ -68,6 +68,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     )
     many, chunked, p50s, p99s = [], [], [], []
     peer_chunked, peer50, peer99, floor50, floor99 = [], [], [], [], []
+    table50: list[float] = []
     sql50: list[float] = []
     sql99: list[float] = []
     sql_many: list[float] = []
@@ -125,10 +126,12 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         low50, low99 = await surviving_restarts(enqueue.commit_floor)
         floor50.append(low50)
         floor99.append(low99)
+        table50.append((await surviving_restarts(enqueue.job_table_floor))[0])
         progress(
             f"run {run + 1}: pgqueuer enqueue chunks of 1,000 {theirs_send.chunked:,.0f} jobs/s,"
             f" single p50 {theirs_send.p50_ms:.3f} ms, p99 {theirs_send.p99_ms:.3f} ms;"
-            f" one-row INSERT p50 {low50:.3f} ms, p99 {low99:.3f} ms"
+            f" one-row INSERT p50 {low50:.3f} ms, p99 {low99:.3f} ms;"
+            f" INSERT into jobs.job p50 {table50[-1]:.3f} ms"
         )
         gw_send = await surviving_restarts(
             lambda: graphile_peer.graphile_send(
@@ -271,6 +274,15 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         _ratio_row("send p99 ratio ours / graphile-worker (lower is better)", p99s, gw99),
         _info("floor: one-row INSERT p50 (a bare table, one connection)", floor50, "ms", digits=3),
         _info("floor: one-row INSERT p99", floor99, "ms", digits=3),
+        _info(
+            "one-row INSERT straight into jobs.job p50 (no function, no NOTIFY)",
+            table50,
+            "ms",
+            digits=3,
+        ),
+        _ratio_row(
+            "INSERT into jobs.job p50 / floor p50 (the job table's own share)", table50, floor50
+        ),
         _ratio_row("send p50 / floor p50", p50s, floor50, "<= 1.3x", lambda v: v <= 1.3),
         _info("SELECT jobs.send p50 (SQL function, asyncpg, in sequence)", sql50, "ms", digits=3),
         _info("SELECT jobs.send p99", sql99, "ms", digits=3),

@@ -85,6 +85,46 @@ async def commit_floor() -> tuple[float, float]:
     return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
 
 
+#: The job row a send writes, written directly: the queue's settings are read once first.
+_JOB_INSERT = """
+INSERT INTO jobs.job (queue, policy, data, priority, start_after,
+                      retry_limit, retry_delay, retry_backoff, expire_seconds)
+VALUES ($1, $2, $3::text::jsonb, 0, now(), $4, $5, $6, $7)
+"""
+
+
+async def job_table_floor() -> tuple[float, float]:
+    """p50 and p99 (ms) of a one-row INSERT straight into ``jobs.job`` (the row a send writes,
+    no function, no NOTIFY), timed as :func:`commit_floor`: what the job table itself costs over
+    the bare floor (its wider row, the ``job_fetch`` index, the counter trigger's test), so a
+    send's ratio to the floor can be split into the table's share and the send's own."""
+    async with scratch_database("job_floor") as url:
+        await install_queues(url, DRAIN)
+        conn = await asyncpg.connect(url)
+        try:
+            q = await conn.fetchrow(
+                "SELECT policy, retry_limit, retry_delay, retry_backoff, expire_seconds"
+                " FROM jobs.queue WHERE name = $1",
+                DRAIN_QUEUE,
+            )
+            assert q is not None
+            policy, *settings = q.values()
+
+            async def insert(n: int) -> None:
+                await conn.execute(_JOB_INSERT, DRAIN_QUEUE, policy, f'{{"n": {n}}}', *settings)
+
+            for i in range(SINGLE_WARMUP):
+                await insert(i)
+            samples = []
+            for i in range(SINGLE_SENDS):
+                started = time.perf_counter()
+                await insert(i)
+                samples.append(time.perf_counter() - started)
+        finally:
+            await conn.close()
+    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+
+
 async def sql_send_latency() -> tuple[float, float]:
     """p50 and p99 (ms) of 5,000 ``SELECT jobs.send(queue, data)`` on one asyncpg connection,
     timed as :func:`single_send_latency`: the SQL function any client calls (contract 11)."""
