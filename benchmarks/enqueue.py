@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -19,6 +20,35 @@ SEND_MANY_JOBS = 20_000
 SEND_MANY_CHUNK = 1_000
 SINGLE_SENDS = 5_000
 SINGLE_WARMUP = 200
+
+
+def _p50_p99_ms(samples: list[float]) -> tuple[float, float]:
+    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+
+
+async def time_in_sequence(call: Callable[[int], Awaitable[object]]) -> tuple[float, float]:
+    """p50 and p99 (ms) of ``SINGLE_SENDS`` calls of ``call(n)`` awaited one after another,
+    after ``SINGLE_WARMUP`` untimed ones: how every single-send figure here is timed."""
+    for i in range(SINGLE_WARMUP):
+        await call(i)
+    samples = []
+    for i in range(SINGLE_SENDS):
+        started = time.perf_counter()
+        await call(i)
+        samples.append(time.perf_counter() - started)
+    return _p50_p99_ms(samples)
+
+
+def time_in_sequence_sync(call: Callable[[int], object]) -> tuple[float, float]:
+    """:func:`time_in_sequence` for a blocking ``call``."""
+    for i in range(SINGLE_WARMUP):
+        call(i)
+    samples = []
+    for i in range(SINGLE_SENDS):
+        started = time.perf_counter()
+        call(i)
+        samples.append(time.perf_counter() - started)
+    return _p50_p99_ms(samples)
 
 
 async def send_many_rate() -> tuple[float, float]:
@@ -48,14 +78,7 @@ async def single_send_latency() -> tuple[float, float]:
     async with scratch_database("send") as url:
         await install_queues(url, DRAIN)
         async with Sender.connect(url, min_size=1, max_size=1) as sender:
-            for i in range(SINGLE_WARMUP):
-                await sender.send(DRAIN_QUEUE, {"n": i})
-            samples = []
-            for i in range(SINGLE_SENDS):
-                started = time.perf_counter()
-                await sender.send(DRAIN_QUEUE, {"n": i})
-                samples.append(time.perf_counter() - started)
-    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+            return await time_in_sequence(lambda n: sender.send(DRAIN_QUEUE, {"n": n}))
 
 
 async def commit_floor() -> tuple[float, float]:
@@ -73,16 +96,9 @@ async def commit_floor() -> tuple[float, float]:
                 " (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, data jsonb)"
             )
             insert = "INSERT INTO floor (data) VALUES ($1::text::jsonb)"
-            for i in range(SINGLE_WARMUP):
-                await conn.execute(insert, f'{{"n": {i}}}')
-            samples = []
-            for i in range(SINGLE_SENDS):
-                started = time.perf_counter()
-                await conn.execute(insert, f'{{"n": {i}}}')
-                samples.append(time.perf_counter() - started)
+            return await time_in_sequence(lambda n: conn.execute(insert, f'{{"n": {n}}}'))
         finally:
             await conn.close()
-    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
 
 
 #: The job row a send writes, written directly: the queue's settings are read once first.
@@ -109,20 +125,11 @@ async def job_table_floor() -> tuple[float, float]:
             )
             assert q is not None
             policy, *settings = q.values()
-
-            async def insert(n: int) -> None:
-                await conn.execute(_JOB_INSERT, DRAIN_QUEUE, policy, f'{{"n": {n}}}', *settings)
-
-            for i in range(SINGLE_WARMUP):
-                await insert(i)
-            samples = []
-            for i in range(SINGLE_SENDS):
-                started = time.perf_counter()
-                await insert(i)
-                samples.append(time.perf_counter() - started)
+            return await time_in_sequence(
+                lambda n: conn.execute(_JOB_INSERT, DRAIN_QUEUE, policy, f'{{"n": {n}}}', *settings)
+            )
         finally:
             await conn.close()
-    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
 
 
 async def sql_send_latency() -> tuple[float, float]:
@@ -133,16 +140,11 @@ async def sql_send_latency() -> tuple[float, float]:
         conn = await asyncpg.connect(url)
         try:
             send = "SELECT jobs.send($1, $2::text::jsonb)"
-            for i in range(SINGLE_WARMUP):
-                await conn.fetchval(send, DRAIN_QUEUE, f'{{"n": {i}}}')
-            samples = []
-            for i in range(SINGLE_SENDS):
-                started = time.perf_counter()
-                await conn.fetchval(send, DRAIN_QUEUE, f'{{"n": {i}}}')
-                samples.append(time.perf_counter() - started)
+            return await time_in_sequence(
+                lambda n: conn.fetchval(send, DRAIN_QUEUE, f'{{"n": {n}}}')
+            )
         finally:
             await conn.close()
-    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
 
 
 async def sql_send_many_rate() -> tuple[float, float]:
@@ -170,14 +172,7 @@ async def sql_send_many_rate() -> tuple[float, float]:
 
 def _sync_send_latency(url: str) -> tuple[float, float]:
     with SyncSender.connect(url) as sender:
-        for i in range(SINGLE_WARMUP):
-            sender.send(DRAIN_QUEUE, {"n": i})
-        samples = []
-        for i in range(SINGLE_SENDS):
-            started = time.perf_counter()
-            sender.send(DRAIN_QUEUE, {"n": i})
-            samples.append(time.perf_counter() - started)
-    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+        return time_in_sequence_sync(lambda n: sender.send(DRAIN_QUEUE, {"n": n}))
 
 
 async def sync_send_latency() -> tuple[float, float]:

@@ -32,7 +32,7 @@ from tests.support.servers import PgBouncer, running_pgbouncer
 from tests.support.tools import find_tool
 
 from . import drain, enqueue, latency
-from .common import install_queues, percentile, scratch_database, start_worker
+from .common import install_queues, scratch_database, start_worker
 from .noop import DRAIN, DRAIN_QUEUE, IDLE, LATENCY, LATENCY_QUEUE
 from .report import Row, measured
 
@@ -99,16 +99,9 @@ async def send_through(server: PgBouncer) -> tuple[float, float]:
         )
         try:
             sender = Sender(pool)
-            for i in range(enqueue.SINGLE_WARMUP):
-                await sender.send(DRAIN_QUEUE, {"n": i})
-            samples = []
-            for i in range(enqueue.SINGLE_SENDS):
-                started = time.perf_counter()
-                await sender.send(DRAIN_QUEUE, {"n": i})
-                samples.append(time.perf_counter() - started)
+            return await enqueue.time_in_sequence(lambda n: sender.send(DRAIN_QUEUE, {"n": n}))
         finally:
             await pool.close()
-    return percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
 
 
 async def pickup_through(server: PgBouncer, poll: float) -> tuple[float, float]:

@@ -310,8 +310,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-#: Settings both servers share: loopback only, streaming replication, room for the drill.
-#: A streaming primary's settings, on top of LOOPBACK_CONF.
+#: A streaming primary's settings (the standby copies them), on top of LOOPBACK_CONF.
 _REPLICATION_CONF = """
 wal_level = replica
 max_wal_senders = 5
