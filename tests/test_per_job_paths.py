@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from worker.metrics import DurationTally
-from worker.queue.jobs import JOB_COLUMNS, ClaimedJob, decode_payload
+from worker.queue.jobs import JOB_COLUMNS, ClaimedJob, claim_token, decode_payload
 from worker.queue.sql import _JOB_COLUMNS
 from worker.queue.store import _ordered
 
@@ -73,8 +73,7 @@ def test_claim_columns_are_in_the_positional_order() -> None:
 
 
 def test_from_values_matches_from_row() -> None:
-    now = datetime.now(UTC)
-    values = (7, '{"n": 1}', 2, 1, 5, "k", 900, 3, now, now)
+    values = (7, '{"n": 1}', 2, 1, 5, "k", 900, 3, claim_token(datetime.now(UTC)))
     by_name = ClaimedJob.from_row("q", dict(zip(JOB_COLUMNS, values, strict=True)))  # type: ignore[arg-type]
     assert ClaimedJob.from_values("q", values) == by_name
 
@@ -110,9 +109,9 @@ anyio.run(main)
 
 
 def test_claimed_jobs_run_in_priority_then_id_order() -> None:
-    now = datetime.now(UTC)
+    now = claim_token(datetime.now(UTC))
     keys = [(3, 0), (1, 5), (2, 0), (9, 5), (4, -1), (8, 0), (5, 5), (7, -1), (6, 0)]
-    jobs = [ClaimedJob.from_values("q", (i, None, 1, 0, 0, None, 9, p, now, now)) for i, p in keys]
+    jobs = [ClaimedJob.from_values("q", (i, None, 1, 0, 0, None, 9, p, now)) for i, p in keys]
     ordered = _ordered(list(jobs))
     expected = sorted(jobs, key=lambda j: (-j.priority, j.id))
     assert [j.id for j in ordered] == [j.id for j in expected]

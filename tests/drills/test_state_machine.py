@@ -28,7 +28,7 @@ from tests.drills.helpers import SCALE, sized
 from tests.support.queues import make_queue
 from worker.queue.heartbeat import Heartbeat
 from worker.queue.holdings import Holdings
-from worker.queue.jobs import ClaimedJob
+from worker.queue.jobs import ClaimedJob, claim_token
 from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
 from worker.queue.store import JobStore
@@ -296,7 +296,7 @@ class QueueMachine(RuleBasedStateMachine):
     async def _shift(self, seconds: int) -> None:
         # A claim is fenced on its instant (started_at) too: the workers' copies move with it.
         for claimed in self.handed_out:
-            claimed.started_at -= timedelta(seconds=seconds)
+            claimed.claim = claim_token(claimed.started_at - timedelta(seconds=seconds))
         pool = self.harness.pool
         await pool.execute(
             "UPDATE jobs.job SET start_after = start_after - make_interval(secs => $2),"

@@ -57,7 +57,7 @@ async def test_a_claim_carrying_outcomes_waits_for_the_disk_unless_told_lazy(
                 "owner": owner,
                 "ids": [r["id"] for r in first],
                 "attempts": [r["attempt"] for r in first],
-                "claims": [r["started_at"] for r in first],
+                "claims": [r["claim"] for r in first],
             }
             async with conn.transaction():
                 rows = await db.fetch(
@@ -75,7 +75,7 @@ async def test_a_claim_carrying_outcomes_waits_for_the_disk_unless_told_lazy(
                     owner=owner,
                     ids=[r["id"] for r in second],
                     attempts=[r["attempt"] for r in second],
-                    claims=[r["started_at"] for r in second],
+                    claims=[r["claim"] for r in second],
                 )
                 assert lost == []
                 assert await conn.fetchval(SETTING) == expected

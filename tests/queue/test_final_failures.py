@@ -15,7 +15,7 @@ from tests.queue.test_poller import run_until
 from tests.support.queues import make_queue
 from worker.queue.completer import Completer
 from worker.queue.holdings import Holdings
-from worker.queue.jobs import ClaimedJob, FinalFailure
+from worker.queue.jobs import ClaimedJob, FinalFailure, claim_token
 from worker.queue.poller import Consumer
 from worker.queue.sql import render
 from worker.queue.store import JobStore
@@ -78,7 +78,9 @@ async def test_a_final_failure_is_fenced_like_any_failure(
     [job] = await store.claim("src", 1)
     intruder = JobStore(pool, SQL, uuid.uuid4())
     other_attempt = dataclasses.replace(job, attempt=job.attempt + 1)
-    other_claim = dataclasses.replace(job, started_at=job.started_at + timedelta(microseconds=1))
+    other_claim = dataclasses.replace(
+        job, claim=claim_token(job.started_at + timedelta(microseconds=1))
+    )
     assert await intruder.fail([(job, "late")], final={job_id}) == []
     assert await store.fail([(other_attempt, "late")], final={job_id}) == []
     assert await store.fail([(other_claim, "late")], final={job_id}) == []

@@ -82,7 +82,7 @@ async def test_batched_writes_join_no_unnested_array_on_a_generic_plan(
     typed = {
         "ids": ("bigint[]", "'{1,2}'"),
         "attempts": ("int[]", "'{1,1}'"),
-        "claims": ("timestamptz[]", "'{NULL,NULL}'"),
+        "claims": ("bytea[]", "'{NULL,NULL}'"),
         "owner": ("uuid", "'00000000-0000-0000-0000-000000000000'"),
         "queue": ("text", "'q'"),
         "limit": ("int", "5"),

@@ -12,7 +12,7 @@ import pytest
 from api_sender import Sender
 from tests.support.queues import make_queue
 from worker.db import statements as db
-from worker.queue.jobs import ClaimedJob
+from worker.queue.jobs import ClaimedJob, claim_token
 from worker.queue.maintenance import Maintenance
 from worker.queue.sql import render
 from worker.queue.store import JobStore
@@ -265,7 +265,7 @@ async def test_a_shuffled_batch_of_two_claims_matches_each_job_by_its_own_entry(
     store = store_for(pool)
     jobs = await store.claim("q", 30) + await store.claim("q", 30)
     assert len({job.started_at for job in jobs}) == 2
-    stale = replace(jobs[7], started_at=jobs[7].started_at - timedelta(seconds=1))
+    stale = replace(jobs[7], claim=claim_token(jobs[7].started_at - timedelta(seconds=1)))
     rest = jobs[:7] + jobs[8:]
     batch = [*rest[::-1][1::2], stale, *rest[::-1][::2]]  # interleaved and reversed
     if write == "complete":

@@ -6,7 +6,7 @@ import json
 import json.scanner
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -23,9 +23,24 @@ JOB_COLUMNS = (
     "singleton_key",
     "expire_seconds",
     "priority",
-    "start_after",
-    "started_at",
+    "claim",
 )
+
+#: PostgreSQL's epoch: a ``timestamptz`` is stored (and sent in binary) as signed microseconds
+#: since this instant.
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def claim_token(instant: datetime) -> bytes:
+    """``timestamptz_send(instant)``: the 8 bytes a claim's fence carries for its instant."""
+    return ((instant - _PG_EPOCH) // _MICROSECOND).to_bytes(8, "big", signed=True)
+
+
+def claim_instant(token: bytes) -> datetime:
+    """The instant of a claim token (:func:`claim_token` reversed)."""
+    return _PG_EPOCH + timedelta(microseconds=int.from_bytes(token, "big", signed=True))
+
 
 #: The C scanner that ``json.loads`` itself runs, called directly (see :func:`decode_payload`).
 #: (typeshed declares make_scanner as taking another scanner; it takes the decoder.)
@@ -50,9 +65,10 @@ def decode_payload(text: str) -> Any:
 
 @dataclass(slots=True)
 class ClaimedJob:
-    """One job this process claimed; ``(id, attempt, started_at)`` with the owner id is its
-    fence. ``started_at`` is the claim's own instant: a claim lost in a server crash and taken
-    again under the same attempt number has another, so the first run's outcome matches nothing.
+    """One job this process claimed; ``(id, attempt, claim)`` with the owner id is its fence.
+    ``claim`` is the claim's own instant (``started_at``, as :func:`claim_token` bytes, which the
+    worker only hands back): a claim lost in a server crash and taken again under the same
+    attempt number has another, so the first run's outcome matches nothing.
     """
 
     id: int
@@ -63,10 +79,10 @@ class ClaimedJob:
     singleton_key: str | None
     expire_seconds: int
     priority: int
-    start_after: datetime | None
     raw_data: str | None
-    #: When this claim was made (the database's clock), as the claim returned it.
-    started_at: datetime
+    #: When this claim was made (the database's clock), as the claim returned it: the 8 bytes of
+    #: ``timestamptz_send(started_at)``.
+    claim: bytes
 
     @classmethod
     def from_values(cls, queue: str, values: tuple[Any, ...]) -> ClaimedJob:
@@ -81,8 +97,7 @@ class ClaimedJob:
             singleton_key,
             expire_seconds,
             priority,
-            start_after,
-            started_at,
+            claim,
         ) = values
         return cls(
             job_id,
@@ -93,9 +108,8 @@ class ClaimedJob:
             singleton_key,
             expire_seconds,
             priority,
-            start_after,
             raw_data,
-            started_at,
+            claim,
         )
 
     @classmethod
@@ -110,10 +124,14 @@ class ClaimedJob:
             singleton_key=row["singleton_key"],
             expire_seconds=row["expire_seconds"],
             priority=row["priority"],
-            start_after=row["start_after"],
             raw_data=row["data"],
-            started_at=row["started_at"],
+            claim=row["claim"],
         )
+
+    @property
+    def started_at(self) -> datetime:
+        """When this claim was made (decoded from :attr:`claim`)."""
+        return claim_instant(self.claim)
 
     @property
     def data(self) -> Any:

@@ -163,9 +163,8 @@ class Maintenance:
                 singleton_key=None,
                 expire_seconds=1,
                 priority=0,
-                start_after=None,
                 raw_data=None,
-                started_at=row["started_at"],
+                claim=row["claim"],
             )
             failures.append((job, f"rescued: {row['reason']}"))
             owners.append(row["locked_by"] or uuid.UUID(int=0))

@@ -10,8 +10,12 @@ from dataclasses import dataclass
 
 from api_sender.query import Query, Rendered
 
+#: The claim instant goes out as its 8-byte binary form (``timestamptz_send``: the int64 of
+#: microseconds PostgreSQL stores) and comes back in the fences as ``bytea``: equal bytes are
+#: the same instant, and the worker, which only hands it back, skips a datetime decode and
+#: encode per job (about 0.8 us of its CPU a job, measured at batch 500).
 _JOB_COLUMNS = """j.id, j.data::text AS data, j.attempt, j.retry_count, j.retry_limit,
-    j.singleton_key, j.expire_seconds, j.priority, j.start_after, j.started_at"""
+    j.singleton_key, j.expire_seconds, j.priority, timestamptz_send(j.started_at) AS claim"""
 
 
 def _claim_next(queue: str, limit: str) -> str:
@@ -75,12 +79,12 @@ def _complete_update(
         "SET state = 'completed', completed_at = now()\n"
         f"WHERE j.id = ANY({ids}::bigint[]) AND j.locked_by = {owner} AND j.state = 'active'\n"
         f"  AND (({attempts}::int[])[width_bucket(j.id, {ids}::bigint[])] = j.attempt\n"
-        f"       AND ({claims}::timestamptz[])[width_bucket(j.id, {ids}::bigint[])]\n"
-        "           = j.started_at\n"
+        f"       AND ({claims}::bytea[])[width_bucket(j.id, {ids}::bigint[])]\n"
+        "           = timestamptz_send(j.started_at)\n"
         f"    OR EXISTS (SELECT FROM generate_series(width_bucket(j.id - 1, {ids}::bigint[]) + 1,\n"
         f"                                           width_bucket(j.id, {ids}::bigint[])) AS p\n"
         f"               WHERE ({attempts}::int[])[p] = j.attempt\n"
-        f"                 AND ({claims}::timestamptz[])[p] = j.started_at))\n"
+        f"                 AND ({claims}::bytea[])[p] = timestamptz_send(j.started_at)))\n"
         + (_LAZY_COMMIT_IF if lazy_if else "")
         + "RETURNING j.id"
     )
@@ -91,7 +95,8 @@ CLAIM = (
 -- claim: up to `limit` due jobs of the queue in priority, then due-time, order (index job_fetch).
 -- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
 -- that kills its worker every time still runs out of attempts; owner, attempt and the claim's
--- started_at (returned, carried by the worker) fence every later write. The locked ids are
+-- started_at (returned as its timestamptz_send bytes, carried by the worker) fence every later
+-- write. The locked ids are
 -- updated through "id = ANY(ARRAY(...))", which always reads job_pkey: a join with the CTE may
 -- be planned as a hash join over a sequential scan of the whole table (seen at batch 200 with
 -- 20,000 rows: 12 ms instead of 1).
@@ -149,8 +154,8 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM firsts))
 
 COMPLETE = (
     """
--- complete: a batch in one statement, fenced on owner, attempt and claim instant (claims: the
--- started_at of each).
+-- complete: a batch in one statement, fenced on owner, attempt and claim instant (claims: each
+-- claim's started_at as timestamptz_send bytes, as the claim returned it).
 -- A job rescued from this worker (or expired), or claimed again after its claim was lost, no
 -- longer matches and is left alone; its id is missing from the result.
 -- The rows are found by id (id = ANY, or job_active, this owner's active jobs); each matches
@@ -242,12 +247,12 @@ WITH upd AS (
                      COALESCE((:finals::bool[])[p], false) AS final
               FROM unnest(array_positions(:ids::bigint[], j.id)) AS p
               WHERE (:attempts::int[])[p] = j.attempt AND (:owners::uuid[])[p] = j.locked_by
-                AND (:claims::timestamptz[])[p] = j.started_at
+                AND (:claims::bytea[])[p] = timestamptz_send(j.started_at)
               LIMIT 1) f)
     WHERE j.id = ANY(:ids::bigint[]) AND j.state = 'active'
       AND EXISTS (SELECT FROM unnest(array_positions(:ids::bigint[], j.id)) AS p
                   WHERE (:attempts::int[])[p] = j.attempt AND (:owners::uuid[])[p] = j.locked_by
-                    AND (:claims::timestamptz[])[p] = j.started_at)
+                    AND (:claims::bytea[])[p] = timestamptz_send(j.started_at))
     RETURNING j.id, j.queue, j.state, j.data, j.priority, j.start_after
 ), dead AS (
     INSERT INTO {s}.job (queue, policy, data, priority, retry_limit, retry_delay, retry_backoff,
@@ -284,7 +289,7 @@ WITH back AS (
     WHERE j.id = ANY(:ids::bigint[]) AND j.locked_by = :owner AND j.state = 'active'
       AND EXISTS (SELECT FROM unnest(array_positions(:ids::bigint[], j.id)) AS p
                   WHERE (:attempts::int[])[p] = j.attempt
-                    AND (:claims::timestamptz[])[p] = j.started_at)
+                    AND (:claims::bytea[])[p] = timestamptz_send(j.started_at))
     RETURNING j.id, j.queue
 ), note AS (
     SELECT pg_notify('{channel}', queue) FROM (SELECT DISTINCT queue FROM back) x
@@ -377,7 +382,7 @@ RESCUE_CANDIDATES = """
 -- active jobs past their expiry. The caller fails each as an attempt, fenced on owner, attempt
 -- and claim instant, so a worker that completes one meanwhile wins, and a claim taken again
 -- after this one was lost is not failed in its stead.
-SELECT j.id, j.attempt, j.locked_by, j.started_at,
+SELECT j.id, j.attempt, j.locked_by, timestamptz_send(j.started_at) AS claim,
        CASE WHEN j.started_at < now() - make_interval(secs => j.expire_seconds)
             THEN 'expired' ELSE 'worker lost' END AS reason,
        j.queue

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from operator import attrgetter
 from typing import Any
 from uuid import UUID
@@ -24,7 +23,7 @@ class Fence:
 
     ids: list[int]
     attempts: list[int]
-    claims: list[datetime]
+    claims: list[bytes]
 
     @classmethod
     def of(cls, jobs: Sequence[ClaimedJob]) -> Fence:
@@ -32,7 +31,7 @@ class Fence:
         order of its entries)."""
         ordered = sorted(jobs, key=_ID)
         return cls(
-            [j.id for j in ordered], [j.attempt for j in ordered], [j.started_at for j in ordered]
+            [j.id for j in ordered], [j.attempt for j in ordered], [j.claim for j in ordered]
         )
 
 
@@ -146,7 +145,7 @@ class JobStore:
             attempts=[job.attempt for job, _ in failures],
             owners=owner_list,
             errors=[storable_text(error[:2000]) for _, error in failures],
-            claims=[job.started_at for job, _ in failures],
+            claims=[job.claim for job, _ in failures],
             finals=[job.id in final for job, _ in failures] if final else [False] * len(failures),
         )
         return [FailOutcome(row["id"], row["queue"], row["state"]) for row in rows]
