@@ -54,7 +54,7 @@ PGBENCH_CANDIDATES = ("/usr/lib/postgresql/15/bin/pgbench",)
 #: each row's entries by binary search).
 _AGGREGATED = (
     "SELECT array_agg(id ORDER BY id) AS ids, array_agg(attempt ORDER BY id) AS attempts,"
-    " array_agg(started_at ORDER BY id) AS claims, array_agg(data) AS payloads FROM claimed"
+    " array_agg(claim ORDER BY id) AS claims, array_agg(data) AS payloads FROM claimed"
 )
 
 
