@@ -96,10 +96,9 @@ CLAIM = (
 -- SKIP LOCKED: replicas never wait on each other's candidates. The attempt moves here, so a job
 -- that kills its worker every time still runs out of attempts; owner, attempt and the claim's
 -- started_at (returned as its timestamptz_send bytes, carried by the worker) fence every later
--- write. The locked ids are
--- updated through "id = ANY(ARRAY(...))", which always reads job_pkey: a join with the CTE may
--- be planned as a hash join over a sequential scan of the whole table (seen at batch 200 with
--- 20,000 rows: 12 ms instead of 1).
+-- write. The locked ids are updated through "id = ANY(ARRAY(...))", which always reads job_pkey:
+-- a join with the CTE may be planned as a hash join over a sequential scan of the whole table
+-- (seen at batch 200 with 20,000 rows: 12 ms instead of 1).
 -- The claim commits without waiting for the disk (synchronous_commit off for this statement
 -- alone): the handler starts one WAL flush sooner. Only a crash of the server can lose such a
 -- commit, and a lost claim is harmless under at-least-once: the job is waiting again with its
