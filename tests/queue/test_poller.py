@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import asyncpg
@@ -30,10 +30,11 @@ async def run_until(
     timeout: float = 10,
     *,
     beside: Callable[[], Awaitable[None]] | None = None,
+    store_type: type[JobStore] = JobStore,
 ) -> None:
     """Run one poller (and its completer, and ``beside`` if given) until ``done()`` holds, then
-    stop it cleanly."""
-    store = JobStore(pool, SQL, uuid.uuid4())
+    stop it cleanly. ``store_type``: a JobStore subclass wrapping the statements."""
+    store = store_type(pool, SQL, uuid.uuid4())
     holdings = Holdings()
     completer = Completer(store, holdings)
     poller = Poller(consumer, store, completer, holdings)
@@ -309,6 +310,68 @@ async def test_two_claims_in_flight_never_hold_more_than_concurrency(pool, sende
 
     consumer = Consumer("q", batch_size=5, concurrency=10, run_job=handler)
     await run_until(pool, consumer, settled, timeout=60)
+    assert runs == Counter({i: 1 for i in ids})
+    assert 0 < most <= 10
+
+
+async def test_a_claim_in_flight_lends_the_slots_of_the_successes_it_carries(
+    pool, sender: Sender
+) -> None:
+    """Batch 5, concurrency 10, two fetchers. The first batch's successes ride a claim, held in
+    flight here; meanwhile the second batch finishes. Its fetcher sends a claim of its own that
+    carries those successes, while the first is still in flight: the first claim's commit
+    completes 5 jobs as it claims 5, so its carried slots count as free. (Counting them as taken
+    until that commit, the second fetcher found no room, the completer wrote its successes
+    alone, and its next claim waited for both statements: in a drain, a third statement per two
+    batches and half the time with one statement in flight.) At most 10 jobs are ever active."""
+    await make_queue(pool, "q", retry_limit=0, expire_seconds=30)
+    ids = await sender.send_many("q", [{"n": n} for n in range(40)])
+    carrying = anyio.Event()  # the first claim carrying a whole batch is in flight
+    overlapped = anyio.Event()  # a second claim carrying successes started meanwhile
+    in_flight = 0
+    started = 0
+    most = 0
+    runs: Counter[int] = Counter()
+
+    class HeldStore(JobStore):
+        async def complete_and_claim(
+            self, done: Sequence[ClaimedJob], queue: str, limit: int, *, lazy: bool = False
+        ) -> tuple[list[ClaimedJob], set[int]]:
+            nonlocal in_flight
+            in_flight += 1
+            try:
+                if in_flight > 1:
+                    overlapped.set()
+                elif not carrying.is_set() and len(done) == limit == 5:
+                    carrying.set()
+                    with anyio.move_on_after(5):
+                        await overlapped.wait()
+                return await super().complete_and_claim(done, queue, limit, lazy=lazy)
+            finally:
+                in_flight -= 1
+
+    async def handler(job: ClaimedJob) -> None:
+        nonlocal started
+        runs[job.id] += 1
+        started += 1
+        if 5 < started <= 10:  # the second batch finishes once the first one's claim is out
+            with anyio.fail_after(10):
+                await carrying.wait()
+
+    async def settled() -> bool:
+        return all(s == "completed" for s, _ in (await states(pool)).values())
+
+    async def count_active() -> None:
+        nonlocal most
+        while True:
+            active = await pool.fetchval("SELECT count(*) FROM jobs.job WHERE state = 'active'")
+            most = max(most, active)
+            await anyio.sleep(0.002)
+
+    consumer = Consumer("q", batch_size=5, concurrency=10, run_job=handler)
+    await run_until(pool, consumer, settled, timeout=60, beside=count_active, store_type=HeldStore)
+    assert carrying.is_set()
+    assert overlapped.is_set()
     assert runs == Counter({i: 1 for i in ids})
     assert 0 < most <= 10
 

@@ -65,7 +65,9 @@ class Poller:
     process never hoards work other replicas could run. A job is held from its claim until its
     outcome is written, so a slow completion write slows claiming down instead of piling up
     active jobs. Successes waiting to be written ride along with the next claim (one statement,
-    one commit), except on one-per-key queues.
+    one commit), except on one-per-key queues; while such a claim is in flight, the slots of
+    the successes it carries count as free for the other fetcher (its commit completes them as
+    it claims), so at most ``concurrency`` jobs are active in the database at any moment.
 
     Claimed work waits in a deque that the runners pop. The hot path costs no task switch per
     job: a runner takes the next job itself when its handler returns, and wakes one idle runner
@@ -96,6 +98,10 @@ class Poller:
         self._interrupted = False
         #: Jobs claimed whose outcome is not written yet (released by the completer).
         self._held = 0
+        #: Slots of this queue's successes riding claims in flight, each claim's counted up to
+        #: the slots it reserved: its commit completes them as it claims, so another claim may
+        #: count them as free already (see _fetcher).
+        self._carried = 0
         self._wants_room = False
         self._piggyback = not consumer.one_per_key
         #: The last claim carrying successes was refused: claim alone once, and let the
@@ -195,7 +201,7 @@ class Poller:
         """Free slots if this poller claimed now, counting the successes it would write."""
         if self._batches and self._busy >= self.consumer.concurrency:
             return 0
-        room = self._limit - self._held
+        room = self._limit - self._held + self._carried
         if self._piggyback:
             room += self._completer.untaken(self.consumer.queue)
         return room
@@ -225,14 +231,22 @@ class Poller:
             done = self._completer.take_done() if self._piggyback and not self._solo else []
             self._solo = False
             mine = sum(1 for job in done if job.queue == queue)
-            want = min(consumer.batch_size, self._limit - self._held + mine)
+            want = min(consumer.batch_size, self._limit - self._held + self._carried + mine)
             if want <= 0:  # another claim in flight took the room
                 self._completer.restore_done(done)
                 self._wants_room = True
                 await self._capacity.wait_since(self._capacity.generation)
                 continue
             # Reserved while the claim is in flight: the other fetcher sees the room as taken.
+            # The successes it carries stay held until it commits, but their slots (up to the
+            # ones it reserves) count as free for the other fetcher meanwhile: the commit that
+            # makes this claim's jobs active completes them, so the jobs active at once stay
+            # within the limit however the two commits interleave. Without this the other
+            # fetcher could not carry its own successes while this claim is in flight: the
+            # completer wrote them alone and the next claim waited for both statements.
             self._held += want
+            credit = min(mine, want)
+            self._carried += credit
             try:
                 if done:
                     jobs = await self._completer.write_successes(
@@ -242,6 +256,7 @@ class Poller:
                     jobs = await self._store.claim(queue, want, one_per_key=consumer.one_per_key)
                 attempt = 0
             except Exception as exc:
+                self._carried -= credit
                 self._held -= want
                 self._wake_fetcher()
                 # Not written (or unknown: a second write of a written job matches nothing and
@@ -265,6 +280,7 @@ class Poller:
                 )
                 await anyio.sleep(delay)
                 continue
+            self._carried -= credit
             if len(jobs) < want:
                 self._held -= want - len(jobs)
                 self._wake_fetcher()
