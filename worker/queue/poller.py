@@ -197,11 +197,15 @@ class Poller:
             self._duration.flush()
             self.stopped.set()
 
+    def _free(self) -> int:
+        """Slots no claimed job holds, counting those lent by the claims in flight."""
+        return self._limit - self._held + self._carried
+
     def _room(self) -> int:
         """Free slots if this poller claimed now, counting the successes it would write."""
         if self._batches and self._busy >= self.consumer.concurrency:
             return 0
-        room = self._limit - self._held + self._carried
+        room = self._free()
         if self._piggyback:
             room += self._completer.untaken(self.consumer.queue)
         return room
@@ -231,7 +235,7 @@ class Poller:
             done = self._completer.take_done() if self._piggyback and not self._solo else []
             self._solo = False
             mine = sum(1 for job in done if job.queue == queue)
-            want = min(consumer.batch_size, self._limit - self._held + self._carried + mine)
+            want = min(consumer.batch_size, self._free() + mine)
             if want <= 0:  # another claim in flight took the room
                 self._completer.restore_done(done)
                 self._wants_room = True
