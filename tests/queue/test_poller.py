@@ -419,3 +419,72 @@ async def test_runners_start_as_work_needs_them_up_to_concurrency(pool, sender: 
     await run_until(pool, Consumer("q", batch_size=4, concurrency=8, run_job=waiting), settled)
     assert all_in.is_set()
     assert most_running == 8
+
+
+async def test_a_claim_whose_answer_never_came_hands_back_what_it_took(
+    pool, sender: Sender, captured_logs
+) -> None:
+    """Batch 5, concurrency 10, two fetchers. The second claim commits but its answer never
+    comes (the store raises as asyncpg does when the connection dies under a statement): its 5
+    jobs are active under this live worker, which no rescue takes them from, so before this
+    they waited out their 900 s expiry. Once no claim is in flight the poller hands back exactly
+    those, while the first claim's jobs still run: every job runs once, the lost ones on their
+    second claim, within the test's 30 s."""
+    await make_queue(pool, "q", retry_limit=0, expire_seconds=900)
+    ids = await sender.send_many("q", [{"n": n} for n in range(20)])
+    lost: list[int] = []
+    handed_back = anyio.Event()
+    calls = 0
+
+    class UnansweredStore(JobStore):
+        async def _lose(self, jobs: list[ClaimedJob]) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 2 and jobs:
+                lost.extend(job.id for job in jobs)
+                raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
+
+        async def claim(
+            self, queue: str, limit: int, *, one_per_key: bool = False
+        ) -> list[ClaimedJob]:
+            jobs = await super().claim(queue, limit, one_per_key=one_per_key)
+            await self._lose(jobs)
+            return jobs
+
+        async def complete_and_claim(
+            self, done: Sequence[ClaimedJob], queue: str, limit: int, *, lazy: bool = False
+        ) -> tuple[list[ClaimedJob], set[int]]:
+            jobs, gone = await super().complete_and_claim(done, queue, limit, lazy=lazy)
+            await self._lose(jobs)
+            return jobs, gone
+
+        async def hand_back_unanswered(
+            self, queue: str, since: bytes | None, kept: Sequence[bytes]
+        ) -> list[int]:
+            back = await super().hand_back_unanswered(queue, since, kept)
+            if back:
+                handed_back.set()
+            return back
+
+    runs: Counter[int] = Counter()
+    first: set[int] = set()
+
+    async def handler(job: ClaimedJob) -> None:
+        runs[job.id] += 1
+        if len(first) < 5 and job.id not in lost:
+            first.add(job.id)
+        if job.id in first:  # the first claim's jobs are held through the hand-back
+            with anyio.fail_after(20):
+                await handed_back.wait()
+
+    async def settled() -> bool:
+        return all(s == "completed" for s, _ in (await states(pool)).values())
+
+    consumer = Consumer("q", batch_size=5, concurrency=10, run_job=handler)
+    await run_until(pool, consumer, settled, timeout=30, store_type=UnansweredStore)
+    assert len(lost) == 5
+    assert runs == Counter({i: 1 for i in ids})
+    attempts = dict(await pool.fetch("SELECT id, attempt FROM jobs.job"))
+    assert {i for i in ids if attempts[i] == 2} == set(lost)
+    back = [e for e in captured_logs if e["event"] == "poller.unanswered_claim_handed_back"]
+    assert [(e["jobs"], sorted(e["job_ids"])) for e in back] == [(5, sorted(lost))]

@@ -29,6 +29,10 @@ log = structlog.get_logger("worker.queue")
 #: than this (seconds): a burst of quick jobs shares one timer instead of re-arming it per job.
 DEADLINE_SLACK = 0.001
 
+#: How many of the latest answered claims a poller remembers the instants of: enough to hand
+#: back what an unanswered claim took once the claims in flight with it are answered (a few).
+ANSWERED_KEPT = 64
+
 #: Runs one job; raising fails that job (raising :class:`FinalFailure` fails it for good).
 JobRunner = Callable[[ClaimedJob], Awaitable[object]]
 #: Runs a whole batch; raising fails every job of it, a returned mapping fails those job ids
@@ -53,6 +57,23 @@ class Consumer:
     def __post_init__(self) -> None:
         if (self.run_job is None) == (self.run_batch is None):
             raise ValueError(f"consumer {self.queue!r} needs exactly one of run_job, run_batch")
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """Claims whose answer never came (their connection failed): they may have committed."""
+
+    #: The newest claim instant answered before the first of them was sent (None: none yet).
+    #: Each such claim's own transaction started later, so its jobs' instants are greater.
+    since: bytes | None
+    #: How many claims had been answered with jobs by then: those answered later hold jobs of
+    #: instants greater than ``since`` too, and are told apart by their instants.
+    answered: int
+
+    def merged(self, since: bytes | None, answered: int) -> Unanswered:
+        """These claims and one more, sent when ``since`` and ``answered`` were as given."""
+        lowest = None if since is None or self.since is None else min(since, self.since)
+        return Unanswered(lowest, min(answered, self.answered))
 
 
 class Poller:
@@ -108,6 +129,18 @@ class Poller:
         #: completer write them (it writes a refused batch in parts).
         self._solo = False
         completer.watch(consumer.queue, self._settled)
+        #: Claims answered with jobs so far, the instants of the latest (with their number) and
+        #: the newest instant: after a claim whose answer never came they tell the jobs it may
+        #: have taken from those of every claim answered (see _hand_back_unanswered).
+        self._answered = 0
+        self._instants: deque[tuple[int, bytes]] = deque(maxlen=ANSWERED_KEPT)
+        self._newest: bytes | None = None
+        self._unanswered: Unanswered | None = None
+        self._in_flight = 0
+        self._handing_back = False
+        self._hand_back_attempt = 0
+        #: Woken when the last claim in flight lands, and when a hand-back ends.
+        self._quiet = Waker()
         self._running: set[anyio.CancelScope] = set()
         #: The runner scope of each job whose handler runs now (per-job consumers), so an
         #: operator's cancel can interrupt exactly that handler; and the ids so interrupted.
@@ -156,6 +189,7 @@ class Poller:
         self._stopping = True
         self.waker.wake()
         self._capacity.wake()
+        self._quiet.wake()
 
     def cancel_running(self) -> None:
         """Interrupt running handlers (grace exceeded); their jobs are handed back."""
@@ -227,6 +261,9 @@ class Poller:
         queue = consumer.queue
         attempt = 0
         while not self._stopping:
+            if self._unanswered is not None:
+                await self._hand_back_unanswered()
+                continue
             generation = self.waker.generation
             if self._room() < self._threshold and self._held > 0:
                 self._wants_room = True
@@ -251,6 +288,8 @@ class Poller:
             self._held += want
             credit = min(mine, want)
             self._carried += credit
+            since, answered = self._newest, self._answered
+            self._in_flight += 1
             try:
                 if done:
                     jobs = await self._completer.write_successes(
@@ -260,6 +299,13 @@ class Poller:
                     jobs = await self._store.claim(queue, want, one_per_key=consumer.one_per_key)
                 attempt = 0
             except Exception as exc:
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    # The connection failed under the claim: it may have committed.
+                    u = self._unanswered
+                    self._unanswered = (
+                        Unanswered(since, answered) if u is None else u.merged(since, answered)
+                    )
+                self._landed()
                 self._carried -= credit
                 self._held -= want
                 self._wake_fetcher()
@@ -284,6 +330,13 @@ class Poller:
                 )
                 await anyio.sleep(delay)
                 continue
+            self._landed()
+            if jobs:
+                self._answered += 1
+                instant = jobs[0].claim  # one statement: one transaction, one instant
+                self._instants.append((self._answered, instant))
+                if self._newest is None or instant > self._newest:
+                    self._newest = instant
             self._carried -= credit
             if len(jobs) < want:
                 self._held -= want - len(jobs)
@@ -298,6 +351,68 @@ class Poller:
                 self._wake_runner()
             if len(jobs) < want:
                 await self.waker.wait_since(generation)
+
+    def _landed(self) -> None:
+        """A claim sent is answered or failed."""
+        self._in_flight -= 1
+        if not self._in_flight and self._unanswered is not None:
+            self._quiet.wake()
+
+    async def _hand_back_unanswered(self) -> None:
+        """After a claim whose answer never came: once no claim of the queue is in flight (and
+        none is sent meanwhile), hand back the jobs it may have taken, so they run now instead
+        of waiting out their expiry under this live worker, which no rescue takes them from."""
+        unanswered = self._unanswered
+        assert unanswered is not None
+        generation = self._quiet.generation
+        if self._in_flight or self._handing_back:
+            await self._quiet.wait_since(generation)
+            return
+        if self._answered - unanswered.answered > len(self._instants):
+            # Too many claims answered since to tell them apart (never seen: a claim lands
+            # a round trip after it is sent): its jobs, if any, run after their expiry.
+            log.warning("poller.unanswered_claim_unchecked", queue=self.queue)
+            self._unanswered = None
+            return
+        kept = [instant for n, instant in self._instants if n > unanswered.answered]
+        self._handing_back = True
+        try:
+            ids = await self._store.hand_back_unanswered(self.queue, unanswered.since, kept)
+        except Exception as exc:
+            if not isinstance(exc, RETRYABLE_ERRORS):
+                log.error(
+                    "poller.unanswered_claim_unchecked",
+                    queue=self.queue,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                self._unanswered = None
+                return
+            if isinstance(exc, TRANSIENT_ERRORS):
+                self._availability.lost()
+            delay = backoff_delay(self._hand_back_attempt)
+            self._hand_back_attempt += 1
+            log.warning(
+                "poller.hand_back_failed",
+                queue=self.queue,
+                error=f"{type(exc).__name__}: {exc}",
+                retry_in=round(delay, 2),
+            )
+            await anyio.sleep(delay)
+            return
+        finally:
+            self._handing_back = False
+            self._quiet.wake()
+        self._hand_back_attempt = 0
+        self._unanswered = None
+        if ids:
+            log.warning(
+                "poller.unanswered_claim_handed_back",
+                queue=self.queue,
+                jobs=len(ids),
+                job_ids=ids[:20],
+            )
+        else:
+            log.info("poller.unanswered_claim_took_nothing", queue=self.queue)
 
     def _wake_runner(self) -> None:
         """Wake one idle runner, or start one while fewer than ``concurrency`` run, unless one

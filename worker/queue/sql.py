@@ -296,6 +296,28 @@ WITH back AS (
 SELECT id FROM back, (SELECT count(*) FROM note) n
 """
 
+HAND_BACK_UNANSWERED = """
+-- hand back unanswered claims: a claim whose answer never came (its connection failed under
+-- it) may have committed, leaving jobs active under this worker that it never got; they would
+-- wait out their expiry. Run with no claim of the queue in flight: every active job of the
+-- queue this worker holds was then claimed by a claim whose instant is at most :since (the
+-- newest one this poller had had back when the unanswered claim was sent), or by one answered
+-- since (:kept, their instants), or by a claim never answered: those go back as hand back
+-- does, due at once. Instants are compared as timestamptz_send bytes (an int64, big-endian,
+-- positive after 2000, so byte order is time order).
+WITH back AS (
+    UPDATE {s}.job j
+    SET state = 'retry', start_after = now(), started_at = NULL, locked_by = NULL
+    WHERE j.locked_by = :owner AND j.state = 'active' AND j.queue = :queue
+      AND (:since::bytea IS NULL OR timestamptz_send(j.started_at) > :since::bytea)
+      AND timestamptz_send(j.started_at) <> ALL(:kept::bytea[])
+    RETURNING j.id, j.queue
+), note AS (
+    SELECT pg_notify('{channel}', queue) FROM (SELECT DISTINCT queue FROM back) x
+)
+SELECT id FROM back, (SELECT count(*) FROM note) n
+"""
+
 JOB_STATES = """
 -- outcomes that matched no row: what became of those jobs (cancelled by an operator, deleted,
 -- or rescued), by primary key. Off the hot path: only when a write was fenced.
@@ -627,6 +649,7 @@ class QueueStatements:
     complete_and_claim: Rendered
     fail: Rendered
     hand_back: Rendered
+    hand_back_unanswered: Rendered
     job_states: Rendered
     cancelled_among: Rendered
     heartbeat: Rendered
@@ -663,6 +686,7 @@ STATEMENTS: tuple[Query, ...] = (
     Query("complete_and_claim", COMPLETE_AND_CLAIM),
     Query("fail", FAIL),
     Query("hand_back", HAND_BACK),
+    Query("hand_back_unanswered", HAND_BACK_UNANSWERED),
     Query("job_states", JOB_STATES),
     Query("cancelled_among", CANCELLED_AMONG),
     Query("heartbeat", HEARTBEAT),

@@ -162,6 +162,22 @@ class JobStore:
         rows = await db.fetch(self.pool, self.sql.hand_back, **self._fence(jobs))
         return {row["id"] for row in rows}
 
+    async def hand_back_unanswered(
+        self, queue: str, since: bytes | None, kept: Sequence[bytes]
+    ) -> list[int]:
+        """Hand back the active jobs of ``queue`` this worker holds that no claim it heard back
+        from took: claimed after instant ``since`` (None: any) and by none of the claims of
+        instants ``kept``. Only with no claim of the queue in flight (see the statement)."""
+        rows = await db.fetch(
+            self.pool,
+            self.sql.hand_back_unanswered,
+            queue=queue,
+            since=since,
+            kept=list(kept),
+            owner=self.owner,
+        )
+        return [row["id"] for row in rows]
+
     def _fence(self, jobs: Sequence[ClaimedJob]) -> dict[str, Any]:
         """The fence parameters of a batched write: ids, attempts, claim instants, owner."""
         return self._bind(Fence.of(jobs))
