@@ -315,20 +315,11 @@ class Poller:
                 retryable = isinstance(exc, RETRYABLE_ERRORS)
                 if not retryable and not done:
                     raise
-                if isinstance(exc, TRANSIENT_ERRORS):
-                    self._availability.lost()
                 # Refused with successes on board: one of them may be what the database
                 # refuses; the completer writes them apart, and this poller claims alone.
                 self._solo = not retryable
-                delay = backoff_delay(attempt)
+                await self._back_off("poller.claim_failed", exc, attempt)
                 attempt += 1
-                log.warning(
-                    "poller.claim_failed",
-                    queue=consumer.queue,
-                    error=f"{type(exc).__name__}: {exc}",
-                    retry_in=round(delay, 2),
-                )
-                await anyio.sleep(delay)
                 continue
             self._landed()
             if jobs:
@@ -351,6 +342,16 @@ class Poller:
                 self._wake_runner()
             if len(jobs) < want:
                 await self.waker.wait_since(generation)
+
+    async def _back_off(self, event: str, exc: Exception, attempt: int) -> None:
+        """Log a failed statement as ``event`` and sleep before try ``attempt + 1``."""
+        if isinstance(exc, TRANSIENT_ERRORS):
+            self._availability.lost()
+        delay = backoff_delay(attempt)
+        log.warning(
+            event, queue=self.queue, error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2)
+        )
+        await anyio.sleep(delay)
 
     def _landed(self) -> None:
         """A claim sent is answered or failed."""
@@ -387,17 +388,8 @@ class Poller:
                 )
                 self._unanswered = None
                 return
-            if isinstance(exc, TRANSIENT_ERRORS):
-                self._availability.lost()
-            delay = backoff_delay(self._hand_back_attempt)
+            await self._back_off("poller.hand_back_failed", exc, self._hand_back_attempt)
             self._hand_back_attempt += 1
-            log.warning(
-                "poller.hand_back_failed",
-                queue=self.queue,
-                error=f"{type(exc).__name__}: {exc}",
-                retry_in=round(delay, 2),
-            )
-            await anyio.sleep(delay)
             return
         finally:
             self._handing_back = False
