@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import asyncpg
@@ -18,8 +18,6 @@ from .db.connections import TRANSIENT_ERRORS, backoff_delay, check_pool_fits, op
 from .db.embedded import start_embedded
 from .db.migrations import SchemaMismatch, latest_version
 from .declarations import JobDeclaration
-from .http.app import create_app
-from .http.server import HttpServer
 from .install import install
 from .jobs.registry import installed_jobs
 from .jobs.spec import InstalledJob
@@ -28,6 +26,10 @@ from .runtime import WorkerRuntime
 from .settings import ConfigError, Settings
 from .signals import StopRequest, watch_signals
 from .state import ServiceState
+
+if TYPE_CHECKING:
+    from .http.probe_server import ProbeServer
+    from .http.server import HttpServer
 
 log = structlog.get_logger("worker.boot")
 
@@ -52,6 +54,30 @@ def session_url(settings: Settings, url: str) -> str:
     return url
 
 
+def http_server(settings: Settings, state: ServiceState) -> HttpServer | ProbeServer:
+    """The listener of this role. Imported here: a worker process serves only the probes, and
+    need not load Starlette and uvicorn (about 3.8 MB of its memory)."""
+    if not settings.serves_ingest:
+        from .http.probe_server import ProbeServer
+
+        return ProbeServer(
+            state,
+            settings.http_host,
+            settings.http_port,
+            header_timeout=settings.http_header_timeout_seconds,
+        )
+    from .http.app import create_app
+    from .http.server import HttpServer
+
+    return HttpServer(
+        create_app(state),
+        settings.http_host,
+        settings.http_port,
+        header_timeout=settings.http_header_timeout_seconds,
+        body_timeout=settings.http_body_timeout_seconds,
+    )
+
+
 async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
     """Run the daemon until a signal; return the exit code.
 
@@ -61,13 +87,7 @@ async def run(settings: Settings, tools: list[JobDeclaration]) -> int:
     """
     state = ServiceState(settings)
     stop = StopRequest()
-    server = HttpServer(
-        create_app(state),
-        settings.http_host,
-        settings.http_port,
-        header_timeout=settings.http_header_timeout_seconds,
-        body_timeout=settings.http_body_timeout_seconds,
-    )
+    server = http_server(settings, state)
     jobs = installed_jobs(settings, tools) if settings.is_worker else []
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_signals, stop)

@@ -16,32 +16,18 @@ the loop the daemon runs in.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, ClassVar
 
 import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .raw import head_timeout_answer
+
 log = structlog.get_logger("worker.http")
 
 #: Past the body deadline, the time the app has to send its own 408 before the connection goes.
 BODY_GRACE_SECONDS = 1.0
-
-
-def head_timeout_answer(seconds: float) -> bytes:
-    """The raw 408 for a head that did not arrive in time (h11 cannot answer a request it has
-    not parsed, so the bytes are written as they are)."""
-    body = json.dumps(
-        {
-            "error": f"request headers not received within {seconds:g} seconds",
-            "errors": [{"field": "(headers)", "message": "request line and headers too slow"}],
-        }
-    ).encode()
-    return (
-        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
 
 
 class BoundedH11Protocol(H11Protocol):
