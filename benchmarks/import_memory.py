@@ -28,8 +28,8 @@ STEPS = (
     "pydantic_settings",
     "croniter",
     "api_sender",
-    "starlette.applications,uvicorn",
-    "worker.cli,worker.boot,worker.commands.jobs",
+    # A worker process loads no Starlette or uvicorn (worker/http/probe_server.py).
+    "worker.cli,worker.boot,worker.commands.jobs,worker.http.probe_server",
 )
 
 _PROBE = """
@@ -43,12 +43,12 @@ def rss():
     raise RuntimeError('no VmRSS')
 
 last = rss()
-print(f"{'the interpreter':48} {last:6.1f}")
+print(f"{'the interpreter':70} {last:6.1f}")
 for step in sys.argv[1:]:
     for name in step.split(','):
         importlib.import_module(name)
     now = rss()
-    print(f"{step:48} {now:6.1f}  +{now - last:.1f}")
+    print(f"{step:70} {now:6.1f}  +{now - last:.1f}")
     last = now
 """
 
