@@ -3,6 +3,7 @@ with the same deadlines and refusals as the api's."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.postgres import create_database, drop_database, with_database
 from tests.support.processes import ROOT, Daemon, start_daemon
 from tests.support.rawhttp import exchange, request_head
 
@@ -48,10 +50,6 @@ def test_a_worker_process_never_loads_starlette_or_uvicorn() -> None:
 @pytest.fixture(scope="module")
 def worker(admin_url: str, template_name: str, tmp_path_factory) -> Iterator[Daemon]:
     """A worker with a 1 s header timeout, on a database of its own."""
-    import asyncio
-
-    from tests.support.postgres import create_database, drop_database, with_database
-
     name = asyncio.run(create_database(admin_url, template_name))
     daemon = start_daemon(
         with_database(admin_url, name),

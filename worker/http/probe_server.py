@@ -29,6 +29,10 @@ SEND_TIMEOUT_SECONDS = 30.0
 #: Methods the three probes take (Starlette adds HEAD to a GET route too).
 READ_METHODS = frozenset({"GET", "HEAD"})
 _TEXT = "text/plain; charset=utf-8"
+_V1_NOT_FOUND = probes.json_body({"error": "not found: this is a worker process"})
+_HEAD_TOO_LARGE = answer(
+    431, probes.JSON, probes.json_body({"error": f"request head over {MAX_HEAD_BYTES} bytes"})
+)
 
 
 class ProbeServer:
@@ -94,15 +98,17 @@ class ProbeServer:
                 head = await buffered.receive_until(b"\r\n\r\n", MAX_HEAD_BYTES)
         except TimeoutError:
             if buffered.buffer:
-                log.info("http.head_timeout", waited=self._header_timeout)
+                peer = stream.extra(SocketAttribute.remote_address, None)  # noqa: S610
+                client = peer[0] if isinstance(peer, tuple) else None
+                log.info("http.header_timeout", client=client)
                 return head_timeout_answer(self._header_timeout)
             return b""
         except anyio.DelimiterNotFound:
-            return _head_too_large()
+            return _HEAD_TOO_LARGE
         except (anyio.EndOfStream, anyio.IncompleteRead):
             return b""
         if len(head) > MAX_HEAD_BYTES:  # it came whole in one read past the bound
-            return _head_too_large()
+            return _HEAD_TOO_LARGE
         return await self._route(head.split(b"\r\n", 1)[0], tg)
 
     async def _route(self, request_line: bytes, tg: TaskGroup) -> bytes:
@@ -113,8 +119,7 @@ class ProbeServer:
         path = parts[1].split(b"?", 1)[0]
         head_only = method == "HEAD"
         if path == b"/v1" or path.startswith(b"/v1/"):
-            body = probes.json_body({"error": "not found: this is a worker process"})
-            return answer(404, probes.JSON, body, head_only=head_only)
+            return answer(404, probes.JSON, _V1_NOT_FOUND, head_only=head_only)
         if path not in (b"/healthz", b"/readyz", b"/metrics"):
             return answer(404, _TEXT, b"Not Found", head_only=head_only)
         if method not in READ_METHODS:
@@ -124,8 +129,3 @@ class ProbeServer:
             return answer(200, self._metrics.content_type, text, head_only=head_only)
         status, body = probes.healthz() if path == b"/healthz" else await probes.readyz(self._state)
         return answer(status, probes.JSON, body, head_only=head_only)
-
-
-def _head_too_large() -> bytes:
-    body = probes.json_body({"error": f"request head over {MAX_HEAD_BYTES} bytes"})
-    return answer(431, probes.JSON, body)

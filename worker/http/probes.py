@@ -29,10 +29,16 @@ def healthz() -> tuple[int, bytes]:
     return 200, json_body({"ok": True})
 
 
-async def readyz(state: ServiceState) -> tuple[int, bytes]:
-    """Readiness: 200, or 503 with the reason (and ``worker_ready`` follows)."""
+async def _readiness(state: ServiceState) -> str | None:
+    """``state``'s readiness check, with ``worker_ready`` set from it."""
     reason = await state.readiness()
     READY.set(0 if reason else 1)
+    return reason
+
+
+async def readyz(state: ServiceState) -> tuple[int, bytes]:
+    """Readiness: 200, or 503 with the reason (and ``worker_ready`` follows)."""
+    reason = await _readiness(state)
     if reason is None:
         return 200, json_body({"ready": True})
     return 503, json_body({"ready": False, "reason": reason})
@@ -55,7 +61,7 @@ class Metrics:
         counted = self._gauges.start_refresh(self._state.pool, task_group)
         # Scrapes keep worker_ready current: nothing else polls /readyz in a compose stack.
         # Checked while the count runs.
-        READY.set(0 if await self._state.readiness() else 1)
+        await _readiness(self._state)
         with anyio.move_on_at(deadline) as budget:
             await counted.wait()
         if budget.cancelled_caught:

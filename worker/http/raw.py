@@ -4,16 +4,7 @@ that never completed (:mod:`.protocol`) and the worker's probe listener (:mod:`.
 from __future__ import annotations
 
 import json
-
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    431: "Request Header Fields Too Large",
-    503: "Service Unavailable",
-}
+from http import HTTPStatus
 
 
 def answer(
@@ -26,7 +17,7 @@ def answer(
 ) -> bytes:
     """One response that closes its connection (``head_only``: a HEAD's, without the body)."""
     lines = [
-        f"HTTP/1.1 {status} {REASONS[status]}",
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
         f"content-type: {content_type}",
         f"content-length: {len(body)}",
         "connection: close",
