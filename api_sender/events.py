@@ -57,7 +57,10 @@ class UsageEvent(BaseModel):
     when absent). Unknown fields are refused.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    # Built on first use: a process that only sends jobs (a worker) never pays for the schema.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, str_strip_whitespace=True, defer_build=True
+    )
 
     meter: str = Field(min_length=1, max_length=200)
     quantity: float

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import structlog
 
+from .commands.arguments import build_parser
 from .commands.failures import describe_failure, innermost
 from .commands.output import UsageError
 from .logging import configure_logging
@@ -20,42 +21,6 @@ log = structlog.get_logger("worker.cli")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
-
-#: How long `migrate` waits for a database that is not up yet (a server still starting).
-MIGRATE_WAIT_SECONDS = 60.0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="chassis-worker", description="PostgreSQL background-work daemon"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="boot the daemon")
-    run.add_argument("--role", choices=["api", "worker", "all"], help="overrides SERVICE_ROLE")
-    migrate = sub.add_parser("migrate", help="apply migrations and install queues and schedules")
-    migrate.add_argument(
-        "--wait",
-        type=float,
-        default=MIGRATE_WAIT_SECONDS,
-        metavar="SECONDS",
-        help="how long to wait for an unreachable database (0: fail at once) [60]",
-    )
-    queues = sub.add_parser("queues", help="jobs per queue and state; pause, resume, purge")
-    queues.add_argument("--json", action="store_true", help="print JSON")
-    from .commands.jobs import add_jobs_parser, add_queue_actions
-
-    add_queue_actions(queues)
-    add_jobs_parser(sub)
-    send = sub.add_parser("send", help="enqueue one job and print its id")
-    send.add_argument("queue")
-    send.add_argument("data", metavar="JSON", help="the job's data as JSON")
-    send.add_argument("--start-after", type=float, metavar="SECONDS", default=None)
-    send.add_argument("--key", default=None, help="singleton key")
-    from .commands.held import add_held_parser
-
-    add_held_parser(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,16 +75,34 @@ Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
 
 
 def _command(args: argparse.Namespace) -> Command:
-    from .commands import held, jobs, operate
+    """The chosen command, importing its module only: ``run`` loads none of the others."""
+    match args.command:
+        case "run":
+            from .commands.daemon import run_command
 
-    if args.command == "queues" and getattr(args, "queue_action", None):
-        return jobs.queue_action_command
-    commands: dict[str, Command] = {
-        "run": operate.run_command,
-        "migrate": operate.migrate_command,
-        "queues": operate.queues_command,
-        "send": operate.send_command,
-        "held": held.held_command,
-        "jobs": jobs.jobs_command,
-    }
-    return commands[args.command]
+            return run_command
+        case "migrate":
+            from .commands.daemon import migrate_command
+
+            return migrate_command
+        case "queues" if getattr(args, "queue_action", None):
+            from .commands.jobs import queue_action_command
+
+            return queue_action_command
+        case "queues":
+            from .commands.operate import queues_command
+
+            return queues_command
+        case "send":
+            from .commands.operate import send_command
+
+            return send_command
+        case "held":
+            from .commands.held import held_command
+
+            return held_command
+        case "jobs":
+            from .commands.jobs import jobs_command
+
+            return jobs_command
+    raise AssertionError(f"no command {args.command!r}")  # the parser allows no other

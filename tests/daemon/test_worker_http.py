@@ -47,6 +47,39 @@ def test_a_worker_process_never_loads_starlette_or_uvicorn() -> None:
     assert seen == {"worker": "[]", "api": "['click', 'starlette', 'uvicorn']"}
 
 
+def test_run_loads_no_other_command_and_no_usage_event_schema() -> None:
+    """``run`` imports only the daemon's command module, and a worker never validates a usage
+    event, so none of it is built; ``jobs`` still loads its own module, and the ingest (api
+    and all roles) builds the schema when it is imported, not in its first request."""
+    probe = (
+        "import sys\n"
+        "from api_sender import UsageEvent\n"
+        "from worker.cli import _command\n"
+        "from worker.commands.arguments import build_parser\n"
+        "_command(build_parser().parse_args(sys.argv[1:]))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('worker.commands.')))\n"
+        "print(UsageEvent.__pydantic_complete__)\n"
+        "import worker.http.ingest\n"
+        "print(UsageEvent.__pydantic_complete__)\n"
+    )
+
+    def loaded(*argv: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("\n")[:3]
+
+    assert loaded("run") == [
+        "['worker.commands.arguments', 'worker.commands.daemon', 'worker.commands.failures',"
+        " 'worker.commands.output']",
+        "False",
+        "True",
+    ]
+    jobs = loaded("jobs", "list")[0]
+    assert "'worker.commands.jobs'" in jobs and "'worker.commands.daemon'" not in jobs
+
+
 @pytest.fixture(scope="module")
 def worker(admin_url: str, template_name: str, tmp_path_factory) -> Iterator[Daemon]:
     """A worker with a 1 s header timeout, on a database of its own."""

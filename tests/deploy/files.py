@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from tests.support.processes import Daemon, base_env, free_port
-from worker.cli import build_parser
+from worker.commands.arguments import build_parser
 from worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

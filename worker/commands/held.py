@@ -11,7 +11,6 @@ import argparse
 import getpass
 import os
 import sys
-from typing import Any
 
 import structlog
 
@@ -25,23 +24,6 @@ from .output import UsageError, print_json
 from .senders import open_sender
 
 log = structlog.get_logger("worker.held")
-
-
-def add_held_parser(sub: Any) -> None:
-    """Register ``held list|redrive|discard``."""
-    held = sub.add_parser("held", help="held usage events: list, redrive, discard")
-    actions = held.add_subparsers(dest="held_action", required=True)
-    listing = actions.add_parser("list", help="list held events")
-    listing.add_argument("--json", action="store_true")
-    listing.add_argument(
-        "--limit", type=int, default=1000, help="show at most this many (0: all) [1000]"
-    )
-    redrive = actions.add_parser("redrive", help="send held events back now")
-    redrive.add_argument("ids", nargs="*")
-    redrive.add_argument("--all", action="store_true")
-    discard = actions.add_parser("discard", help="drop held events (writes an audit row)")
-    discard.add_argument("ids", nargs="+")
-    discard.add_argument("--yes", action="store_true")
 
 
 def operator_name() -> str:

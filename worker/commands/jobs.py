@@ -11,61 +11,19 @@ import argparse
 import json
 import sys
 from datetime import datetime
-from typing import Any
 
 from api_sender import Actor, Job, JobFilter
 from api_sender.events import parse_timestamp
-from api_sender.jobs import ACTION_STATES, STATES, Action, ids_of
+from api_sender.jobs import ids_of
 
 from ..boot import database_url
 from ..settings import Settings
+from .arguments import ACTIONS
 from .held import operator_name
 from .output import UsageError, print_json
 from .senders import sender_for
 
-ACTIONS: tuple[Action, ...] = tuple(ACTION_STATES)
 PAST = {"retry": "retried", "cancel": "cancelled", "resume": "resumed", "delete": "deleted"}
-
-
-def add_jobs_parser(sub: Any) -> None:
-    """Register ``jobs list|show|retry|cancel|resume|delete``."""
-    jobs = sub.add_parser("jobs", help="look at jobs and act on them")
-    actions = jobs.add_subparsers(dest="jobs_action", required=True)
-    listing = actions.add_parser("list", help="jobs, newest first")
-    listing.add_argument("--queue")
-    listing.add_argument("--state", choices=STATES)
-    listing.add_argument("--key")
-    listing.add_argument("--limit", type=int, default=50, help="jobs per page (1-1000) [50]")
-    listing.add_argument("--after", metavar="CURSOR", help="the next cursor of a previous page")
-    listing.add_argument("--json", action="store_true")
-    show = actions.add_parser("show", help="every field of one job, its error and its data")
-    show.add_argument("id")
-    show.add_argument("--json", action="store_true")
-    for action in ACTIONS:
-        act = actions.add_parser(
-            action,
-            help=f"{action} jobs by id, or every job matching --queue/--state (count first)",
-        )
-        act.add_argument("ids", nargs="*", metavar="ID")
-        act.add_argument("--queue")
-        act.add_argument("--state", choices=STATES)
-        act.add_argument("--since", metavar="RFC3339", help="created at or after")
-        act.add_argument("--until", metavar="RFC3339", help="created before")
-        act.add_argument("--yes", action="store_true", help="do it (without: print the count)")
-
-
-def add_queue_actions(queues: argparse.ArgumentParser) -> None:
-    """Register ``queues pause|resume Q`` and ``queues purge Q --yes`` under ``queues``."""
-    actions = queues.add_subparsers(dest="queue_action", required=False)
-    for name, text in (
-        ("pause", "no replica starts a job of the queue until resume"),
-        ("resume", "start the queue's jobs again, at once"),
-        ("purge", "delete the queue's waiting jobs (created and retry)"),
-    ):
-        action = actions.add_parser(name, help=text)
-        action.add_argument("queue")
-        if name == "purge":
-            action.add_argument("--yes", action="store_true", help="do it (without: the count)")
 
 
 async def jobs_command(settings: Settings, args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""run, migrate, queues and send."""
+"""queues and send: the operator's look at the queues, and one job sent by hand."""
 
 from __future__ import annotations
 
@@ -6,55 +6,17 @@ import argparse
 import sys
 from typing import Any
 
-import anyio
-
 from api_sender import InvalidJob, QueueNotFound
 from api_sender.jobs import STATES
 
-from ..boot import database_url, run, session_url
+from ..boot import database_url
 from ..db.connections import connect
-from ..install import install
-from ..jobs.registry import installed_jobs
-from ..jobs.tools import load_declarations
 from ..queue_report import queue_report as report_on
 from ..settings import Settings
 from .failures import reaching
 from .output import UsageError, print_json
 from .senders import open_sender
 from .sending import prepare_send
-
-
-class CommandError(Exception):
-    """A command-line input the command refuses (exit 2)."""
-
-
-async def run_command(settings: Settings, _: argparse.Namespace) -> int:
-    """``chassis-worker run``."""
-    tools = load_declarations(settings.tool_job_paths) if settings.is_worker else []
-    return await run(settings, tools)
-
-
-async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
-    """``chassis-worker migrate [--wait SECONDS]``: the worker's install section, then exit.
-
-    A database that is not up yet is waited for, ``--wait`` seconds at most (a server still
-    starting next to a one-shot migrate), then reported as unreachable (exit 1).
-    """
-    if not 0 <= args.wait <= 86_400:
-        raise UsageError("invalid --wait: give 0 to 86400 seconds")
-    tools = load_declarations(settings.tool_job_paths)
-    url = session_url(settings, await database_url(settings))
-    async with reaching(url):
-        await install(
-            url,
-            settings.jobs_schema,
-            installed_jobs(settings, tools),
-            cron_tz=settings.cron_tz,
-            lock_timeout=settings.install_lock_timeout_seconds,
-            connect_deadline=anyio.current_time() + args.wait,
-        )
-    print("migrated")
-    return 0
 
 
 async def queue_report(

@@ -32,6 +32,10 @@ MAX_EVENTS = 1000
 #: Field errors listed in a 400 answer (the count says how many there were in all).
 MAX_ERRORS_SHOWN = 100
 
+# UsageEvent builds its validator on first use (a worker process never validates one); the
+# roles that ingest build it now, not in their first request.
+UsageEvent.model_rebuild()
+
 
 def ingest_routes(state: ServiceState) -> list[BaseRoute]:
     """The /v1 routes behind the bearer-token check."""
