@@ -29,7 +29,7 @@ STEPS = (
     "croniter",
     "api_sender",
     # A worker process loads no Starlette or uvicorn (worker/http/probe_server.py).
-    "worker.cli,worker.boot,worker.commands.jobs,worker.http.probe_server",
+    "worker.cli,worker.commands.daemon,worker.http.probe_server",
 )
 
 _PROBE = """
