@@ -48,6 +48,12 @@ few percent means little, a median that misses it by a factor means a lot.
   statement and as claim then complete, with 1 and 2 clients; the fastest of the four is the
   ceiling, and ``drain / ceiling`` says how close the worker gets to what the database allows.
   ``python -m benchmarks.drain_profile`` shows where the rest goes (see docs/drain-profile.md).
+* ``CPU per job`` (``benchmarks/cpu.py``, when the server runs on this machine): user + system
+  time from ``/proc`` of the worker process and of every process of the server, over one more
+  drain at batch 200 whose queue stays paused until the worker is ready (boot excluded), and of
+  the server over the ceiling's fastest pgbench run (pgbench's client not counted). A drain needs
+  the worker's CPU and the server's for each job, the ceiling only the server's, so with every
+  core busy a drain reaches at most the ceiling's CPU per job over its own: the last CPU row.
 * ``pickup latency``: jobs sent at ~100 jobs/s from this process to a running worker; time from
   just before ``send`` to the first line of the handler (same machine, same clock). pgqueuer's,
   in the same run: ``pgqueuer.run`` with its defaults in one process, its producer in another,

@@ -93,6 +93,10 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     ceiling_runs: list[ceiling.Ceiling] = []
     wide: list[float] = []
     wide_ceilings: list[float] = []
+    #: CPU per job (µs): the drain's worker and server, the ceiling's server (a local server).
+    cpu_worker: list[float] = []
+    cpu_server: list[float] = []
+    cpu_ceiling: list[float] = []
     for run in range(RUNS):
         one, chunks = await surviving_restarts(enqueue.send_many_rate)
         many.append(one)
@@ -160,6 +164,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
                 lambda: drain.drain_once(batch=noop.WIDE_BATCH, concurrency=noop.WIDE_CONCURRENCY),
             ),
             ("wide ceiling", lambda: ceiling.ceiling(batch=noop.WIDE_BATCH)),
+            ("cpu", drain.drain_cpu_once),
         ]
         shift = run % len(measures)
         for name, measure in measures[shift:] + measures[:shift]:
@@ -175,6 +180,16 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         ceiling_runs.append(top)
         wide.append(drains["wide"].rate)
         wide_ceilings.append(drains["wide ceiling"].rate)
+        spent: drain.DrainCpu | None = drains["cpu"]
+        if spent is not None and top.server_us_per_job is not None:
+            cpu_worker.append(spent.worker_us_per_job)
+            cpu_server.append(spent.server_us_per_job)
+            cpu_ceiling.append(top.server_us_per_job)
+            progress(
+                f"run {run + 1}: CPU per job, drain: worker {spent.worker_us_per_job:.1f} µs,"
+                f" database {spent.server_us_per_job:.1f} µs; ceiling: database"
+                f" {top.server_us_per_job:.1f} µs"
+            )
         progress(
             f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s, "
             f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f}"
@@ -350,6 +365,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             ">= 85%",
             lambda v: v >= 85,
         ),
+        *_cpu_rows(cpu_worker, cpu_server, cpu_ceiling),
         _info(
             f"drain at graphile-worker's batch (batch_size={noop.WIDE_BATCH},"
             f" concurrency={noop.WIDE_CONCURRENCY})",
@@ -454,6 +470,13 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         + " (per run: "
         + "; ".join(f"{c.variant} statement(s) x {c.clients}" for c in ceiling_runs)
         + ").",
+        "CPU per job (user + system time from /proc, when the server runs on this machine): the"
+        " worker process, and every process of the server (the postmaster, its backends and"
+        " background writers, with the time of connections that closed meanwhile), over one"
+        " more drain of 60,000 whose queue stays paused until the worker is ready (boot"
+        " excluded), and over the ceiling's fastest pgbench run. pgbench's own client is not"
+        " counted: the ceiling's database has every core, the drain shares them with the worker,"
+        " so the drain can reach at most the ceiling's CPU per job over its own.",
         f"The wide drain: graphile-worker's batched settings fetch {noop.WIDE_BATCH} jobs per"
         f" query (localQueue.size); ours at the same batch needs concurrency"
         f" {noop.WIDE_CONCURRENCY} to keep two claims in flight (a poller never holds more jobs"
@@ -472,6 +495,26 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
 def _info(figure: str, runs: list[float], unit: str, digits: int = 0) -> Row:
     """A figure without a target of its own (a peer's, a ratio, a floor)."""
     return measured(figure, runs, unit, "-", None, digits=digits)
+
+
+def _cpu_rows(worker: list[float], server: list[float], top: list[float]) -> list[Row]:
+    """Where a drain's CPU goes, against the ceiling's: no rows when the server is not on this
+    machine. The last row is the share of the ceiling a drain could reach with every core busy,
+    since it needs the worker's CPU and the server's for each job where pgbench needs only the
+    server's: the ceiling's CPU per job over the drain's."""
+    if not worker:
+        return []
+    at = f"batch {noop.DRAIN_BATCH}"
+    return [
+        _info(f"drain CPU per job, the worker process ({at})", worker, "µs", 1),
+        _info(f"drain CPU per job, the database server, all its processes ({at})", server, "µs", 1),
+        _info(f"SQL-only ceiling CPU per job, the database server ({at})", top, "µs", 1),
+        _info(
+            "drain / ceiling with every core busy: ceiling CPU per job / drain's (worker + server)",
+            [100 * t / (w + s) for w, s, t in zip(worker, server, top, strict=True)],
+            "%",
+        ),
+    ]
 
 
 def _ratios(ours: list[float], theirs: list[float]) -> list[float]:

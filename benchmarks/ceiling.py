@@ -42,6 +42,7 @@ import asyncpg
 
 from worker.queue.sql import _JOB_COLUMNS, _claim_next, _claim_update, _complete_update
 
+from . import cpu
 from .common import install_queues, scratch_database
 from .drain import fill
 from .noop import DRAIN, DRAIN_BATCH, DRAIN_QUEUE
@@ -116,6 +117,8 @@ class Ceiling:
     table: str
     clients: int
     rate: float
+    #: The server's CPU time per completed job over the pgbench run (None: not on this machine).
+    server_us_per_job: float | None = None
 
 
 def pgbench_path() -> str:
@@ -229,9 +232,12 @@ async def ceiling_once(
             await _bare_table(url)
         # Spare rows, so even the last transaction of every client claims a full batch.
         await _fill(url, schema, transactions * clients * batch + clients * batch)
+        postmaster = await cpu.postmaster_of(url)
+        before = 0.0 if postmaster is None else cpu.server_seconds(postmaster)
         tps = await anyio.to_thread.run_sync(
             lambda: _run_pgbench(url, script, clients, transactions, batch)
         )
+        used = None if postmaster is None else cpu.server_seconds(postmaster) - before
         # The fence must have matched: every batch claimed was completed (but a client's last
         # claim under one statement, which the next transaction would have completed).
         conn = await asyncpg.connect(url)
@@ -247,7 +253,8 @@ async def ceiling_once(
     # One statement: each transaction completes the previous batch (a client's first completes
     # none); two statements: each completes its own.
     completing = (transactions - 1) / transactions if variant == "one" else 1.0
-    return Ceiling(variant, table, clients, tps * batch * completing)
+    per_job = None if used is None or not done else 1e6 * used / done
+    return Ceiling(variant, table, clients, tps * batch * completing, per_job)
 
 
 async def ceiling(table: str = "bare", batch: int = DRAIN_BATCH) -> Ceiling:

@@ -10,6 +10,7 @@ import asyncpg
 
 from api_sender import Sender
 
+from . import cpu
 from .common import install_queues, scratch_database, start_worker
 from .noop import DRAIN, DRAIN_BATCH, DRAIN_CONCURRENCY, DRAIN_QUEUE
 
@@ -92,3 +93,56 @@ async def drain_once(
     if row["done"] != DRAIN_JOBS:
         raise RuntimeError(f"drain completed {row['done']} of {DRAIN_JOBS} jobs")
     return DrainResult(DRAIN_JOBS, row["seconds"], rss)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainCpu:
+    """CPU time per job of one drain: the worker process's and the database server's (all of
+    its processes), from the queue's resume to its last completion, boot excluded."""
+
+    worker_us_per_job: float
+    server_us_per_job: float
+
+
+async def drain_cpu_once(
+    python: str | None = None,
+    *,
+    batch: int = DRAIN_BATCH,
+    concurrency: int = DRAIN_CONCURRENCY,
+) -> DrainCpu | None:
+    """The drain of :func:`drain_once`, with the queue paused until the worker is ready, so the
+    CPU counted is the drain's own (``None`` when the server does not run on this machine)."""
+    async with scratch_database("drain-cpu") as url:
+        postmaster = await cpu.postmaster_of(url)
+        if postmaster is None:
+            return None
+        await install_queues(url, DRAIN)
+        await fill(url, DRAIN_JOBS)
+        async with Sender.connect(url, min_size=1, max_size=1) as sender:
+            await sender.queues.pause(DRAIN_QUEUE)
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("VACUUM ANALYZE jobs.job")
+                sizes = {
+                    "BENCH_DRAIN_BATCH": str(batch),
+                    "BENCH_DRAIN_CONCURRENCY": str(concurrency),
+                }
+                daemon = start_worker(url, "benchmarks.noop:DRAIN", sizes, python=python)
+                try:
+                    await anyio.to_thread.run_sync(daemon.wait_ready, 60.0)
+                    worker0, server0 = (
+                        cpu.process_seconds(daemon.pid),
+                        cpu.server_seconds(postmaster),
+                    )
+                    await sender.queues.resume(DRAIN_QUEUE)
+                    await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
+                    worker1, server1 = (
+                        cpu.process_seconds(daemon.pid),
+                        cpu.server_seconds(postmaster),
+                    )
+                finally:
+                    daemon.stop()
+            finally:
+                await conn.close()
+    per_job = 1e6 / DRAIN_JOBS
+    return DrainCpu((worker1 - worker0) * per_job, (server1 - server0) * per_job)
