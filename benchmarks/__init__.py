@@ -47,6 +47,9 @@ few percent means little, a median that misses it by a factor means a lot.
   of the job table (primary key and ``job_fetch`` only, no trigger), as complete-and-claim in one
   statement and as claim then complete, with 1 and 2 clients; the fastest of the four is the
   ceiling, and ``drain / ceiling`` says how close the worker gets to what the database allows.
+  The same four runs on the real ``jobs.job`` of an installed schema (every index and the
+  finished-job counters) give a second ceiling: the drain against it is what the worker process
+  costs, the real one against the bare one what the schema costs.
   ``python -m benchmarks.drain_profile`` shows where the rest goes (see docs/drain-profile.md).
 * ``CPU per job`` (``benchmarks/cpu.py``, when the server runs on this machine): user + system
   time from ``/proc`` of the worker process and of every process of the server, over one more
