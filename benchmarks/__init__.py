@@ -55,8 +55,10 @@ few percent means little, a median that misses it by a factor means a lot.
   time from ``/proc`` of the worker process and of every process of the server, over one more
   drain at batch 200 whose queue stays paused until the worker is ready (boot excluded), and of
   the server over the ceiling's fastest pgbench run (pgbench's client not counted). A drain needs
-  the worker's CPU and the server's for each job, the ceiling only the server's, so with every
-  core busy a drain reaches at most the ceiling's CPU per job over its own: the last CPU row.
+  the worker's CPU and the server's for each job on the same cores, the ceiling only the
+  server's: the last CPU row is the fastest drain the cores allow at the drain's CPU per job
+  (every core busy, nothing waiting) as a share of the ceiling, the most ``drain / ceiling``
+  can be on this machine.
 * ``pickup latency``: jobs sent at ~100 jobs/s from this process to a running worker; time from
   just before ``send`` to the first line of the handler (same machine, same clock). pgqueuer's,
   in the same run: ``pgqueuer.run`` with its defaults in one process, its producer in another,

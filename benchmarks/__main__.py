@@ -98,6 +98,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     cpu_server: list[float] = []
     cpu_ceiling: list[float] = []
     real_ceilings: list[float] = []
+    cpu_ceiling_rates: list[float] = []
     for run in range(RUNS):
         one, chunks = await surviving_restarts(enqueue.send_many_rate)
         many.append(one)
@@ -188,6 +189,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             cpu_worker.append(spent.worker_us_per_job)
             cpu_server.append(spent.server_us_per_job)
             cpu_ceiling.append(top.server_us_per_job)
+            cpu_ceiling_rates.append(top.rate)
             progress(
                 f"run {run + 1}: CPU per job, drain: worker {spent.worker_us_per_job:.1f} µs,"
                 f" database {spent.server_us_per_job:.1f} µs; ceiling: database"
@@ -380,7 +382,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             [100 * r for r in _ratios(ours, real_ceilings)],
             "%",
         ),
-        *_cpu_rows(cpu_worker, cpu_server, cpu_ceiling),
+        *_cpu_rows(cpu_worker, cpu_server, cpu_ceiling, cpu_ceiling_rates),
         _info(
             f"drain at graphile-worker's batch (batch_size={noop.WIDE_BATCH},"
             f" concurrency={noop.WIDE_CONCURRENCY})",
@@ -490,8 +492,9 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         " background writers, with the time of connections that closed meanwhile), over one"
         " more drain of 60,000 whose queue stays paused until the worker is ready (boot"
         " excluded), and over the ceiling's fastest pgbench run. pgbench's own client is not"
-        " counted: the ceiling's database has every core, the drain shares them with the worker,"
-        " so the drain can reach at most the ceiling's CPU per job over its own.",
+        " counted. The ceiling's database has the cores to itself, the drain shares them with the"
+        " worker: with every core busy at the drain's CPU per job (worker + server) it would run"
+        " at cores / that, the last CPU row as a share of the ceiling.",
         f"The wide drain: graphile-worker's batched settings fetch {noop.WIDE_BATCH} jobs per"
         f" query (localQueue.size); ours at the same batch needs concurrency"
         f" {noop.WIDE_CONCURRENCY} to keep two claims in flight (a poller never holds more jobs"
@@ -512,21 +515,27 @@ def _info(figure: str, runs: list[float], unit: str, digits: int = 0) -> Row:
     return measured(figure, runs, unit, "-", None, digits=digits)
 
 
-def _cpu_rows(worker: list[float], server: list[float], top: list[float]) -> list[Row]:
+def _cpu_rows(
+    worker: list[float], server: list[float], top: list[float], ceilings: list[float]
+) -> list[Row]:
     """Where a drain's CPU goes, against the ceiling's: no rows when the server is not on this
-    machine. The last row is the share of the ceiling a drain could reach with every core busy,
-    since it needs the worker's CPU and the server's for each job where pgbench needs only the
-    server's: the ceiling's CPU per job over the drain's."""
+    machine. The last row is the fastest drain this machine's cores allow at the measured CPU
+    per job (every core busy with the worker and the server, nothing waiting), as a share of the
+    ceiling: the most a drain could reach of it."""
     if not worker:
         return []
     at = f"batch {noop.DRAIN_BATCH}"
+    cores = os.cpu_count() or 1
+    bound = [
+        100 * cores * 1e6 / (w + s) / c for w, s, c in zip(worker, server, ceilings, strict=True)
+    ]
     return [
         _info(f"drain CPU per job, the worker process ({at})", worker, "µs", 1),
         _info(f"drain CPU per job, the database server, all its processes ({at})", server, "µs", 1),
         _info(f"SQL-only ceiling CPU per job, the database server ({at})", top, "µs", 1),
         _info(
-            "drain / ceiling with every core busy: ceiling CPU per job / drain's (worker + server)",
-            [100 * t / (w + s) for w, s, t in zip(worker, server, top, strict=True)],
+            f"drain / ceiling at most, with all {cores} cores busy at the drain's CPU per job",
+            bound,
             "%",
         ),
     ]

@@ -237,7 +237,10 @@ async def ceiling_once(
         tps = await anyio.to_thread.run_sync(
             lambda: _run_pgbench(url, script, clients, transactions, batch)
         )
-        used = None if postmaster is None else cpu.server_seconds(postmaster) - before
+        used = None
+        if postmaster is not None:
+            await cpu.quiesced(url)
+            used = cpu.server_seconds(postmaster) - before
         # The fence must have matched: every batch claimed was completed (but a client's last
         # claim under one statement, which the next transaction would have completed).
         conn = await asyncpg.connect(url)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import anyio
 import asyncpg
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -70,6 +71,27 @@ async def postmaster_of(url: str) -> int | None:
         return None
     parent = int(fields[1])
     return parent if _stat(parent) is not None else None
+
+
+async def quiesced(url: str, timeout: float = 30.0) -> None:
+    """Return once no backend of ``url``'s database is left, its own included, and each has
+    been reaped: only then is a closed connection's time in the postmaster's children's fields
+    (read earlier, a backend reaped between the postmaster and the walk of its children would
+    be in neither)."""
+    with anyio.fail_after(timeout):
+        conn = await asyncpg.connect(url)
+        try:
+            mine = await conn.fetchval("SELECT pg_backend_pid()")
+            others = (
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            while await conn.fetchval(others):
+                await anyio.sleep(0.01)
+        finally:
+            await conn.close()
+        while Path(f"/proc/{mine}").exists():  # a zombie keeps its entry until reaped
+            await anyio.sleep(0.01)
 
 
 def _comm(pid: int) -> str | None:

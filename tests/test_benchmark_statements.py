@@ -19,3 +19,5 @@ async def test_the_ceiling_scripts_complete_every_batch_they_claim(
     # ceiling_once raises unless every claimed batch was completed through the fence.
     result = await ceiling.ceiling_once(variant, table, clients=1, jobs=200, batch=20)
     assert result.rate > 0
+    # The server runs here: its CPU is counted (a few ticks at most for 200 jobs).
+    assert result.server_us_per_job is not None
