@@ -77,7 +77,8 @@ def test_run_loads_no_other_command_and_no_usage_event_schema() -> None:
         "True",
     ]
     jobs = loaded("jobs", "list")[0]
-    assert "'worker.commands.jobs'" in jobs and "'worker.commands.daemon'" not in jobs
+    assert "'worker.commands.jobs'" in jobs
+    assert "'worker.commands.daemon'" not in jobs
 
 
 @pytest.fixture(scope="module")
