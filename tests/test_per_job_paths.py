@@ -1,9 +1,10 @@
 """The worker's cheaper per-job paths say exactly what the plain ones say: the batched
-job-duration histogram, the payload decode, the positional claim rows and the job named on
-every log line of a handler (issue 14)."""
+job-duration histogram, the payload decode, the positional claim rows, the handler's JobInfo
+and the job named on every log line of a handler (issue 14)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
+from worker.declarations import JobInfo, job_info
 from worker.metrics import DurationTally
 from worker.queue.jobs import JOB_COLUMNS, ClaimedJob, claim_token, decode_payload
 from worker.queue.sql import _JOB_COLUMNS
@@ -70,6 +72,20 @@ def test_decode_payload_refuses_what_json_loads_refuses(text: str) -> None:
 def test_claim_columns_are_in_the_positional_order() -> None:
     names = [part.split(" AS ")[-1].split(".")[-1].strip() for part in _JOB_COLUMNS.split(",")]
     assert tuple(names) == JOB_COLUMNS
+
+
+def test_job_info_is_the_dataclass_built_the_plain_way() -> None:
+    # Every field, in order: a field added to JobInfo must be added to job_info too.
+    names = tuple(f.name for f in dataclasses.fields(JobInfo))
+    assert names == ("id", "queue", "key", "attempt", "retry_count")
+    for values in [(7, "q", "k", 2, 1), (1, "other", None, 1, 0)]:
+        fast, plain = job_info(*values), JobInfo(*values)
+        assert fast == plain
+        assert hash(fast) == hash(plain)
+        assert repr(fast) == repr(plain)
+        assert dataclasses.asdict(fast) == dataclasses.asdict(plain)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fast.attempt = 3  # type: ignore[misc]
 
 
 def test_from_values_matches_from_row() -> None:

@@ -42,6 +42,27 @@ class JobInfo:
     retry_count: int = 0
 
 
+# The runner builds one JobInfo per job. A frozen dataclass's __init__ sets each field through
+# object.__setattr__ (1.9 µs for five, by keyword); setting the slots through their descriptors
+# is the same assignment at under half the cost, with no other effect (JobInfo has no
+# __post_init__ and no default factory).
+_new_info = object.__new__
+_set_id, _set_queue, _set_key, _set_attempt, _set_retry_count = (
+    JobInfo.__dict__[name].__set__ for name in ("id", "queue", "key", "attempt", "retry_count")
+)
+
+
+def job_info(job_id: int, queue: str, key: str | None, attempt: int, retry_count: int) -> JobInfo:
+    """``JobInfo(job_id, queue, key, attempt, retry_count)``, built for the per-job path."""
+    info: JobInfo = _new_info(JobInfo)
+    _set_id(info, job_id)
+    _set_queue(info, queue)
+    _set_key(info, key)
+    _set_attempt(info, attempt)
+    _set_retry_count(info, retry_count)
+    return info
+
+
 #: A handler: called once per job with that job's data (``None`` for a cron run; an instance of
 #: the declaration's ``payload`` model when it has one) and its info.
 Handler = Callable[[Any, JobInfo], Awaitable[object]]

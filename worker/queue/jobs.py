@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from ..declarations import JobInfo
+from ..declarations import JobInfo, job_info
 
 #: The claim statements' job columns, in their order (``_JOB_COLUMNS`` of ``worker.queue.sql``).
 JOB_COLUMNS = (
@@ -140,13 +140,7 @@ class ClaimedJob:
 
     def info(self) -> JobInfo:
         """The public view a handler receives."""
-        return JobInfo(
-            id=self.id,
-            queue=self.queue,
-            key=self.singleton_key,
-            attempt=self.attempt,
-            retry_count=self.retry_count,
-        )
+        return job_info(self.id, self.queue, self.singleton_key, self.attempt, self.retry_count)
 
 
 class FinalFailure(Exception):
