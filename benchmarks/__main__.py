@@ -93,12 +93,9 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     ceiling_runs: list[ceiling.Ceiling] = []
     wide: list[float] = []
     wide_ceilings: list[float] = []
-    #: CPU per job (µs): the drain's worker and server, the ceiling's server (a local server).
-    cpu_worker: list[float] = []
-    cpu_server: list[float] = []
-    cpu_ceiling: list[float] = []
     real_ceilings: list[float] = []
-    cpu_ceiling_rates: list[float] = []
+    #: Per run (a server on this machine): the drain's CPU, the ceiling's CPU per job and rate.
+    cpu_runs: list[tuple[drain.DrainCpu, float, float]] = []
     for run in range(RUNS):
         one, chunks = await surviving_restarts(enqueue.send_many_rate)
         many.append(one)
@@ -186,10 +183,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         real_ceilings.append(drains["real ceiling"].rate)
         spent: drain.DrainCpu | None = drains["cpu"]
         if spent is not None and top.server_us_per_job is not None:
-            cpu_worker.append(spent.worker_us_per_job)
-            cpu_server.append(spent.server_us_per_job)
-            cpu_ceiling.append(top.server_us_per_job)
-            cpu_ceiling_rates.append(top.rate)
+            cpu_runs.append((spent, top.server_us_per_job, top.rate))
             progress(
                 f"run {run + 1}: CPU per job, drain: worker {spent.worker_us_per_job:.1f} µs,"
                 f" database {spent.server_us_per_job:.1f} µs; ceiling: database"
@@ -382,7 +376,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             [100 * r for r in _ratios(ours, real_ceilings)],
             "%",
         ),
-        *_cpu_rows(cpu_worker, cpu_server, cpu_ceiling, cpu_ceiling_rates),
+        *_cpu_rows(cpu_runs),
         _info(
             f"drain at graphile-worker's batch (batch_size={noop.WIDE_BATCH},"
             f" concurrency={noop.WIDE_CONCURRENCY})",
@@ -515,19 +509,21 @@ def _info(figure: str, runs: list[float], unit: str, digits: int = 0) -> Row:
     return measured(figure, runs, unit, "-", None, digits=digits)
 
 
-def _cpu_rows(
-    worker: list[float], server: list[float], top: list[float], ceilings: list[float]
-) -> list[Row]:
+def _cpu_rows(runs: list[tuple[drain.DrainCpu, float, float]]) -> list[Row]:
     """Where a drain's CPU goes, against the ceiling's: no rows when the server is not on this
     machine. The last row is the fastest drain this machine's cores allow at the measured CPU
     per job (every core busy with the worker and the server, nothing waiting), as a share of the
     ceiling: the most a drain could reach of it."""
-    if not worker:
+    if not runs:
         return []
     at = f"batch {noop.DRAIN_BATCH}"
     cores = os.cpu_count() or 1
+    worker = [spent.worker_us_per_job for spent, _, _ in runs]
+    server = [spent.server_us_per_job for spent, _, _ in runs]
+    top = [us for _, us, _ in runs]
     bound = [
-        100 * cores * 1e6 / (w + s) / c for w, s, c in zip(worker, server, ceilings, strict=True)
+        100 * cores * 1e6 / (spent.worker_us_per_job + spent.server_us_per_job) / rate
+        for spent, _, rate in runs
     ]
     return [
         _info(f"drain CPU per job, the worker process ({at})", worker, "µs", 1),

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
 import asyncpg
 
 from api_sender import Sender
+from tests.support.processes import Daemon
 
 from . import cpu
-from .common import install_queues, scratch_database, start_worker
+from .common import admin_url, install_queues, scratch_database, start_worker
 from .noop import DRAIN, DRAIN_BATCH, DRAIN_CONCURRENCY, DRAIN_QUEUE
 
 DRAIN_JOBS = 60_000
@@ -64,6 +67,34 @@ async def wait_finished(conn: asyncpg.Connection, queue: str, timeout: float) ->
         await anyio.sleep(0.25)
 
 
+@asynccontextmanager
+async def _filled(name: str) -> AsyncIterator[tuple[str, asyncpg.Connection]]:
+    """A fresh database with the drain's jobs sent, vacuumed and analysed, and a connection to
+    watch it."""
+    async with scratch_database(name) as url:
+        await install_queues(url, DRAIN)
+        await fill(url, DRAIN_JOBS)
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("VACUUM ANALYZE jobs.job")
+            yield url, conn
+        finally:
+            await conn.close()
+
+
+@asynccontextmanager
+async def _worker(
+    url: str, python: str | None, batch: int, concurrency: int
+) -> AsyncIterator[Daemon]:
+    """One worker process on the drain queue (its size through benchmarks.noop's overrides)."""
+    sizes = {"BENCH_DRAIN_BATCH": str(batch), "BENCH_DRAIN_CONCURRENCY": str(concurrency)}
+    daemon = start_worker(url, "benchmarks.noop:DRAIN", sizes, python=python)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
 async def drain_once(
     python: str | None = None,
     *,
@@ -73,22 +104,11 @@ async def drain_once(
     """Fill a fresh database, start one worker, time its drain from the database (``python``:
     the worker's interpreter, default this one; ``batch``/``concurrency``: the drain queue's
     declaration, through benchmarks.noop's environment overrides)."""
-    async with scratch_database("drain") as url:
-        await install_queues(url, DRAIN)
-        await fill(url, DRAIN_JOBS)
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute("VACUUM ANALYZE jobs.job")
-            sizes = {"BENCH_DRAIN_BATCH": str(batch), "BENCH_DRAIN_CONCURRENCY": str(concurrency)}
-            daemon = start_worker(url, "benchmarks.noop:DRAIN", sizes, python=python)
-            try:
-                await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
-                rss = daemon.peak_rss_bytes()
-            finally:
-                daemon.stop()
-            row = await conn.fetchrow(_SPAN, DRAIN_QUEUE)
-        finally:
-            await conn.close()
+    async with _filled("drain") as (url, conn):
+        async with _worker(url, python, batch, concurrency) as daemon:
+            await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
+            rss = daemon.peak_rss_bytes()
+        row = await conn.fetchrow(_SPAN, DRAIN_QUEUE)
     assert row is not None
     if row["done"] != DRAIN_JOBS:
         raise RuntimeError(f"drain completed {row['done']} of {DRAIN_JOBS} jobs")
@@ -112,37 +132,16 @@ async def drain_cpu_once(
 ) -> DrainCpu | None:
     """The drain of :func:`drain_once`, with the queue paused until the worker is ready, so the
     CPU counted is the drain's own (``None`` when the server does not run on this machine)."""
-    async with scratch_database("drain-cpu") as url:
-        postmaster = await cpu.postmaster_of(url)
-        if postmaster is None:
-            return None
-        await install_queues(url, DRAIN)
-        await fill(url, DRAIN_JOBS)
-        async with Sender.connect(url, min_size=1, max_size=1) as sender:
-            await sender.queues.pause(DRAIN_QUEUE)
-            conn = await asyncpg.connect(url)
-            try:
-                await conn.execute("VACUUM ANALYZE jobs.job")
-                sizes = {
-                    "BENCH_DRAIN_BATCH": str(batch),
-                    "BENCH_DRAIN_CONCURRENCY": str(concurrency),
-                }
-                daemon = start_worker(url, "benchmarks.noop:DRAIN", sizes, python=python)
-                try:
-                    await anyio.to_thread.run_sync(daemon.wait_ready, 60.0)
-                    worker0, server0 = (
-                        cpu.process_seconds(daemon.pid),
-                        cpu.server_seconds(postmaster),
-                    )
-                    await sender.queues.resume(DRAIN_QUEUE)
-                    await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
-                    worker1, server1 = (
-                        cpu.process_seconds(daemon.pid),
-                        cpu.server_seconds(postmaster),
-                    )
-                finally:
-                    daemon.stop()
-            finally:
-                await conn.close()
+    postmaster = await cpu.postmaster_of(admin_url())
+    if postmaster is None:
+        return None
+    async with _filled("drain-cpu") as (url, conn), Sender.connect(url, max_size=1) as sender:
+        await sender.queues.pause(DRAIN_QUEUE)
+        async with _worker(url, python, batch, concurrency) as daemon:
+            await anyio.to_thread.run_sync(daemon.wait_ready, 60.0)
+            worker0, server0 = cpu.process_seconds(daemon.pid), cpu.server_seconds(postmaster)
+            await sender.queues.resume(DRAIN_QUEUE)
+            await wait_finished(conn, DRAIN_QUEUE, DRAIN_TIMEOUT)
+            worker1, server1 = cpu.process_seconds(daemon.pid), cpu.server_seconds(postmaster)
     per_job = 1e6 / DRAIN_JOBS
     return DrainCpu((worker1 - worker0) * per_job, (server1 - server0) * per_job)
