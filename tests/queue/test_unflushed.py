@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import anyio
 import asyncpg
@@ -19,9 +20,9 @@ import pytest
 
 from api_sender import Sender
 from tests.support.queues import make_queue
-from worker.queue.jobs import ClaimedJob
+from worker.queue.jobs import ClaimedJob, claim_token
 from worker.queue.sql import render
-from worker.queue.store import JobStore
+from worker.queue.store import Fence, JobStore, PackedFence
 from worker.queue.unflushed import FRESH_FOR, UnflushedCompletions, _record_end
 
 SQL = render("jobs")
@@ -144,3 +145,23 @@ def test_a_cover_just_past_a_page_header_is_the_page_start() -> None:
     assert _record_end(page + 40) == page
     assert _record_end(page + 41) == page + 41
     assert _record_end(page) == page
+
+
+def test_a_kept_fence_unpacks_to_the_fence_it_was() -> None:
+    """A batch is kept packed (machine integers, tokens end to end) and written again from its
+    unpacked fence: the same ids, attempts and claim tokens, by position."""
+    claims = [claim_token(datetime(2026, 12, 3, 13, 0, s, tzinfo=UTC)) for s in range(3)]
+    fence = Fence([3, 2**62, 7], [1, 2, 3], claims)
+    packed = PackedFence.of(fence)
+    assert len(packed) == 3
+    assert isinstance(packed.claims, bytes)
+    assert packed.unpacked() == fence
+    assert PackedFence.of(Fence([], [], [])).unpacked() == Fence([], [], [])
+
+
+def test_a_token_of_another_length_is_kept_as_it_is() -> None:
+    """Tokens are 8 bytes (timestamptz_send); one that is not is never split at the wrong place."""
+    fence = Fence([1, 2], [1, 1], [b"\x00" * 9, b"\x01" * 7])
+    packed = PackedFence.of(fence)
+    assert packed.claims == fence.claims
+    assert packed.unpacked() == fence

@@ -47,7 +47,7 @@ import structlog
 
 from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS, backoff_delay, connect
-from .store import Fence, JobStore
+from .store import Fence, JobStore, PackedFence
 
 if TYPE_CHECKING:
     from .jobs import ClaimedJob
@@ -79,7 +79,7 @@ _UNAVAILABLE = (
 
 @dataclass(slots=True)
 class _Batch:
-    fence: Fence
+    fence: PackedFence
     #: The watch session open when the batch was sent (0: none).
     session: int
     #: Order of arrival: a check covers only the batches that arrived before it was sent.
@@ -135,7 +135,7 @@ class UnflushedCompletions:
         a write made again later may match nothing and so flush nothing."""
         if not jobs or not session:
             return
-        self._add(Fence.of(jobs), session)
+        self._add(PackedFence.of(Fence.of(jobs)), session)
 
     def __len__(self) -> int:
         """How many completions wait for their flush to be seen."""
@@ -157,10 +157,10 @@ class UnflushedCompletions:
             return False
         return True
 
-    def _add(self, fence: Fence, session: int) -> None:
+    def _add(self, fence: PackedFence, session: int) -> None:
         self._batches.append(_Batch(fence, session, self._seq))
         self._seq += 1
-        self._kept += len(fence.ids)
+        self._kept += len(fence)
         if self._emptied.is_set():
             self._emptied = anyio.Event()
         self._arrived.set()
@@ -269,7 +269,7 @@ class UnflushedCompletions:
         taken = [b for b in self._batches if b.session]
         if taken:
             self._batches = deque(b for b in self._batches if not b.session)
-            self._kept -= sum(len(b.fence.ids) for b in taken)
+            self._kept -= sum(len(b.fence) for b in taken)
         return taken
 
     async def _check(self) -> None:
@@ -295,9 +295,9 @@ class UnflushedCompletions:
             if batch.cover is None or batch.cover > flushed:
                 kept.append(batch)
             else:
-                self._kept -= len(batch.fence.ids)
+                self._kept -= len(batch.fence)
         self._batches = kept
-        self._kept -= sum(len(b.fence.ids) for b in stale)
+        self._kept -= sum(len(b.fence) for b in stale)
         await self._write_again(stale, session)
         self._settle()
 
@@ -311,25 +311,25 @@ class UnflushedCompletions:
         jobs = restored = 0
         for n, batch in enumerate(batches):
             try:
-                matched = await self._store.complete_again(batch.fence)
+                matched = await self._store.complete_again(batch.fence.unpacked())
             except RETRYABLE_ERRORS as exc:
                 for left in batches[n:]:
                     self._add(left.fence, 0)
                 log.warning(
                     "job.completions_write_again_failed",
-                    jobs=sum(len(b.fence.ids) for b in batches[n:]),
+                    jobs=sum(len(b.fence) for b in batches[n:]),
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 break
             except Exception as exc:
                 log.error(
                     "job.completions_write_again_refused",
-                    ids=batch.fence.ids,
+                    ids=batch.fence.ids.tolist(),
                     error=f"{type(exc).__name__}: {exc}",
                     hint="these jobs stay active until their expiry, then run again",
                 )
                 continue
-            jobs += len(batch.fence.ids)
+            jobs += len(batch.fence)
             restored += matched
             self._add(batch.fence, session)
         if jobs:
