@@ -77,6 +77,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
     sync_many: list[float] = []
     ours, theirs, ratios, rss = [], [], [], []
     rss_production: list[float] = []
+    peer_rss: list[float] = []
     pick50, pick99, commits, wal = [], [], [], []
     peer_pick50: list[float] = []
     peer_pick99: list[float] = []
@@ -175,6 +176,7 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
         ratios.append(mine.rate / other.rate)
         rss.append(mine.peak_rss_bytes / MB)
         rss_production.append(drains["production"].peak_rss_bytes / MB)
+        peer_rss.append(other.peak_rss_bytes / MB)
         gw_batched.append(gw.rate)
         ceilings.append(top.rate)
         ceiling_runs.append(top)
@@ -190,7 +192,8 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
                 f" {top.server_us_per_job:.1f} µs"
             )
         progress(
-            f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s, "
+            f"run {run + 1}: drain {mine.rate:,.0f} jobs/s, pgqueuer {other.rate:,.0f} jobs/s"
+            f" (peak RSS {other.peak_rss_bytes / MB:.1f} MB), "
             f"ratio {mine.rate / other.rate:.2f}, worker peak RSS {mine.peak_rss_bytes / MB:.1f}"
             f" MB (production dependencies: {rss_production[-1]:.1f} MB);"
             f" graphile-worker batched {gw.rate:,.0f} jobs/s (ours / graphile"
@@ -455,6 +458,13 @@ async def queue_figures() -> tuple[list[Row], list[str]]:
             digits=1,
             peer="pgqueuer 47",
         ),
+        _info(
+            f"pgqueuer {pgq_version} peak RSS (VmHWM after its drain), same sitting",
+            peer_rss,
+            "MB",
+            1,
+        ),
+        _ratio_row("peak RSS, production dependencies / pgqueuer", rss_production, peer_rss),
     ]
     notes = [
         facts + f"; Python {platform.python_version()}.",

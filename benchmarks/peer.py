@@ -69,10 +69,11 @@ def _version() -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PeerDrain:
-    """One pgqueuer drain, timed from its log table."""
+    """One pgqueuer drain, timed from its log table, and the draining process's peak RSS."""
 
     jobs: int
     seconds: float
+    peak_rss_bytes: int
 
     @property
     def rate(self) -> float:
@@ -107,7 +108,9 @@ async def pgqueuer_drain() -> PeerDrain:
         try:
             await conn.execute("VACUUM ANALYZE pgqueuer")
             started = time.monotonic()
-            await anyio.to_thread.run_sync(lambda: _peer("drain", url, str(BATCH), timeout=600))
+            out = await anyio.to_thread.run_sync(
+                lambda: _peer_output("drain", url, str(BATCH), timeout=600)
+            )
             wall = time.monotonic() - started
             row = await conn.fetchrow(_SPAN)
         finally:
@@ -115,7 +118,8 @@ async def pgqueuer_drain() -> PeerDrain:
     assert row is not None
     if row["done"] != JOBS:
         raise RuntimeError(f"pgqueuer completed {row['done']} of {JOBS} jobs in {wall:.1f}s")
-    return PeerDrain(JOBS, row["seconds"])
+    peak = json.loads(out.strip().splitlines()[-1])["peak_rss_kib"] * 1024
+    return PeerDrain(JOBS, row["seconds"], peak)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@
 ``python pgqueuer_peer.py fill DSN JOBS`` installs pgqueuer's schema and enqueues ``JOBS`` jobs
 of entrypoint ``noop``; ``python pgqueuer_peer.py drain DSN BATCH`` runs pgqueuer's documented
 worker entry point, ``pgqueuer.run(factory, batch_size=BATCH, mode=drain)``, on uvloop (as its
-``pgq run`` does when uvloop is installed) with a no-op entrypoint, until the queue is empty;
-the timing is read by the caller from pgqueuer's log table. ``python pgqueuer_peer.py send DSN
+``pgq run`` does when uvloop is installed) with a no-op entrypoint, until the queue is empty,
+then prints its peak RSS as one JSON line; the timing is read by the caller from pgqueuer's log
+table. ``python pgqueuer_peer.py send DSN
 SENDS`` installs the schema and times the producer as ``benchmarks.enqueue`` times ours: 20,000
 jobs in ``Queries.enqueue`` calls of 1,000, then ``SENDS`` single enqueues awaited one after
 another after a warm-up; it prints one JSON line. ``install DSN``, ``serve DSN HOST:PORT`` and
@@ -102,6 +103,16 @@ def drain(dsn: str, batch: int) -> None:
             await conn.close()
 
     uvloop.run(run(factory, batch_size=batch, mode=QueueExecutionMode.drain))
+    print(json.dumps({"peak_rss_kib": _peak_rss_kib()}))
+
+
+def _peak_rss_kib() -> int:
+    """This process's peak resident set (``VmHWM``), as the benchmark reads our worker's."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def serve(dsn: str, addr: str) -> None:
