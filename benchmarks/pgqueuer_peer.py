@@ -5,12 +5,11 @@ of entrypoint ``noop``; ``python pgqueuer_peer.py drain DSN BATCH`` runs pgqueue
 worker entry point, ``pgqueuer.run(factory, batch_size=BATCH, mode=drain)``, on uvloop (as its
 ``pgq run`` does when uvloop is installed) with a no-op entrypoint, until the queue is empty,
 then prints its peak RSS as one JSON line; the timing is read by the caller from pgqueuer's log
-table. ``python pgqueuer_peer.py send DSN
-SENDS`` installs the schema and times the producer as ``benchmarks.enqueue`` times ours: 20,000
-jobs in ``Queries.enqueue`` calls of 1,000, then ``SENDS`` single enqueues awaited one after
-another after a warm-up; it prints one JSON line. ``install DSN``, ``serve DSN HOST:PORT`` and
-``produce DSN JOBS RATE`` measure pickup latency as ``benchmarks.latency`` does for ours (see
-``serve``). Only pgqueuer's public API is used.
+table. ``python pgqueuer_peer.py send DSN SENDS`` installs the schema and times the producer as
+``benchmarks.enqueue`` times ours: 20,000 jobs in ``Queries.enqueue`` calls of 1,000, then
+``SENDS`` single enqueues awaited one after another after a warm-up; it prints one JSON line.
+``install DSN``, ``serve DSN HOST:PORT`` and ``produce DSN JOBS RATE`` measure pickup latency as
+``benchmarks.latency`` does for ours (see ``serve``). Only pgqueuer's public API is used.
 """
 
 from __future__ import annotations
