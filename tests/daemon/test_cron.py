@@ -11,7 +11,7 @@ import pytest
 from tests.support.ledger import create_ledger
 from tests.support.processes import start_daemon
 from tests.support.queues import make_queue
-from worker.queue.cron import CronScheduler, latest_slot, next_slot
+from worker.queue.cron import CronScheduler, latest_slot, next_slot, schedule_problem
 from worker.queue.sql import render
 
 CRON_ENV = {"TOOL_JOBS": "tests.support.tooljobs:CRON", "TEST_TOOL_CRON": "*/2 * * * * *"}
@@ -264,3 +264,83 @@ async def test_disabled_schedule_keeps_the_queue_and_removes_the_cron(db_url: st
         )
     finally:
         await conn.close()
+
+
+def test_schedule_problem_accepts_what_the_settings_accept() -> None:
+    """The row check takes 6-field crons seconds first, as PURGE_CRON and Schedule do."""
+    assert schedule_problem("0 30 1 * * *", "Europe/Berlin") is None
+    assert schedule_problem("0 3 * * *", "UTC") is None
+    assert schedule_problem("0 3 * * *", "Mars/Olympus") == "unknown time zone"
+
+
+@pytest.mark.parametrize(
+    ("cron", "tz"),
+    [
+        ("* * *", "UTC"),  # too few fields: croniter's IndexError on the old code
+        ("61 * * * *", "UTC"),
+        ("not a cron", "UTC"),
+        ("*/2 * * * * *", "Nowhere/Atlantis"),
+        ("*/2 * * * * *", "../../etc/passwd"),
+        ("0 0 30 2 *", "UTC"),  # parses, never ticks
+    ],
+)
+async def test_a_schedule_row_that_does_not_parse_is_logged_once_and_skipped(
+    pool: asyncpg.Pool, captured_logs: list[dict[str, object]], cron: str, tz: str
+) -> None:
+    """A schedule row whose cron or zone does not parse (any role that can write the table may
+    write one) neither raises out of a tick nor stops the other schedules firing: it is logged
+    once as ``cron.invalid`` with its queue, however many ticks look at it."""
+    await make_queue(pool, "bad-cron", cron="* * * * * *")
+    await make_queue(pool, "good-cron", cron="* * * * * *")
+    await pool.execute(
+        "UPDATE jobs.schedule SET cron = $2, tz = $3 WHERE queue = $1", "bad-cron", cron, tz
+    )
+    scheduler = CronScheduler(pool, render("jobs"), ["bad-cron", "good-cron"])
+    for _ in range(3):
+        await scheduler.tick()
+        await asyncio.sleep(1.05)
+    fired = await pool.fetch("SELECT DISTINCT queue FROM jobs.job")
+    assert [r["queue"] for r in fired] == ["good-cron"]
+    invalid = [e for e in captured_logs if e["event"] == "cron.invalid"]
+    assert len(invalid) == 1
+    assert invalid[0]["queue"] == "bad-cron"
+    assert invalid[0]["cron"] == cron
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+async def test_a_running_worker_survives_an_unparsable_schedule_row(db_url: str, tmp_path) -> None:
+    """A worker running a per-second cron keeps running, and keeps firing its other schedules,
+    after someone writes an unparsable cron into a schedule row and sends the schedules NOTIFY
+    (the old code exited with croniter's IndexError)."""
+    await create_ledger(db_url)
+    daemon = start_daemon(db_url, tmp_path, name="w", env=CRON_ENV)
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute(
+                "INSERT INTO jobs.queue (name) VALUES ('hostile-cron');"
+                "INSERT INTO jobs.schedule (queue, cron) VALUES ('hostile-cron', '* * *')"
+            )
+            # A cron the daemon knows, made unparsable, so its own scheduler reads it.
+            await conn.execute("UPDATE jobs.schedule SET cron = 'x y' WHERE queue = 'tool-cron'")
+            await conn.execute("SELECT pg_notify('chassis_schedules_jobs', '')")
+            await asyncio.sleep(3)
+            assert daemon.process.poll() is None, daemon.logs()
+            await conn.execute(
+                "UPDATE jobs.schedule SET cron = '* * * * * *' WHERE queue = 'tool-cron'"
+            )
+            await conn.execute("SELECT pg_notify('chassis_schedules_jobs', '')")
+            before = len(await cron_jobs(db_url))
+            for _ in range(50):
+                if len(await cron_jobs(db_url)) > before:
+                    break
+                await asyncio.sleep(0.2)
+            assert len(await cron_jobs(db_url)) > before, "the mended schedule never fired"
+            assert daemon.process.poll() is None, daemon.logs()
+        finally:
+            await conn.close()
+        assert "cron.invalid" in daemon.logs()
+    finally:
+        daemon.kill()

@@ -28,6 +28,7 @@ from croniter import croniter
 
 from ..db import statements as db
 from ..db.connections import RETRYABLE_ERRORS, TRANSIENT_ERRORS, backoff_delay
+from ..settings import cron_fields
 from .availability import Availability
 from .sql import QueueStatements
 
@@ -89,7 +90,22 @@ class _Row:
     queue: str
     cron: str
     tz: str
-    last_slot: datetime
+
+
+def schedule_problem(cron: str, tz: str) -> str | None:
+    """Why a schedule row's ``cron`` and ``tz`` cannot be evaluated, or ``None`` when they can.
+
+    The row is read from the database, where any role that may write the table can put
+    anything: what does not parse is reported, never raised into the scheduler."""
+    try:
+        cron_fields(cron)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        ZoneInfo(tz)
+    except (ValueError, KeyError, OSError):  # ZoneInfoNotFoundError is a KeyError
+        return "unknown time zone"
+    return None
 
 
 class CronScheduler:
@@ -110,6 +126,8 @@ class CronScheduler:
         self._sql = sql
         self._queues = queues
         self._changed = anyio.Event()
+        #: Rows reported as unusable, so each is logged once (until it changes).
+        self._invalid: set[_Row] = set()
 
     def schedules_changed(self, _payload: str = "") -> None:
         """Re-read the schedules now (an install changed them)."""
@@ -146,15 +164,41 @@ class CronScheduler:
             return self._reload
         db_now: datetime = rows[0]["db_now"] if at is None else at
         sleep = self._reload
+        invalid: set[_Row] = set()
         for record in rows:
-            row = _Row(record["queue"], record["cron"], record["tz"], record["last_slot"])
-            slot = latest_slot(row.cron, row.tz, db_now)
-            if slot > row.last_slot:
+            row = _Row(record["queue"], record["cron"], record["tz"])
+            ticks = self._ticks(row, db_now)
+            if ticks is None:
+                invalid.add(row)
+                continue
+            slot, following = ticks
+            if slot > record["last_slot"]:
                 await self.fire(row.queue, row.cron, slot)
-            until = (next_slot(row.cron, row.tz, db_now) - db_now).total_seconds()
-            sleep = min(sleep, until)
+            sleep = min(sleep, (following - db_now).total_seconds())
+        # A row mended (or removed) since is forgotten: broken again later, it is logged again.
+        self._invalid = invalid
         # Wake a hair after the tick so the database clock has passed it too.
         return max(0.0, sleep) + 0.002
+
+    def _ticks(self, row: _Row, db_now: datetime) -> tuple[datetime, datetime] | None:
+        """The newest tick of ``row`` at or before ``db_now`` and the next one after it, or
+        ``None`` for a row that cannot be evaluated (logged once, then skipped)."""
+        problem = schedule_problem(row.cron, row.tz)
+        if problem is None:
+            try:
+                return latest_slot(row.cron, row.tz, db_now), next_slot(row.cron, row.tz, db_now)
+            except Exception as exc:  # a cron that parses but never ticks (30 February)
+                problem = f"{type(exc).__name__}: {exc}"
+        if row not in self._invalid:
+            log.error(
+                "cron.invalid",
+                queue=row.queue,
+                cron=row.cron,
+                tz=row.tz,
+                problem=problem,
+                hint="the schedule is skipped until its row is fixed or the next install",
+            )
+        return None
 
     async def fire(self, queue: str, cron: str, slot: datetime) -> int | None:
         """Enqueue ``slot`` of ``queue`` unless another replica already has; return the job id."""
