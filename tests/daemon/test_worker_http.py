@@ -4,6 +4,9 @@ with the same deadlines and refusals as the api's."""
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
+import socket
 import subprocess
 import sys
 import threading
@@ -180,3 +183,58 @@ def test_slow_clients_do_not_stall_good_ones(worker: Daemon) -> None:
     finally:
         for thread in slow:
             thread.join()
+
+
+def _open_descriptors(pid: int) -> int:
+    """How many file descriptors process ``pid`` has open now."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _idle_connections(port: int, n: int) -> list[socket.socket]:
+    """``n`` TCP connections to ``port`` that never send a byte."""
+    return [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs Linux's /proc")
+@pytest.mark.parametrize(("spare", "idle"), [(None, 300), (8, 40)])
+async def test_idle_connections_past_the_descriptor_limit_never_end_the_worker(
+    db_url: str, tmp_path, spare: int | None, idle: int
+) -> None:
+    """With its descriptor limit at 256 and 300 idle connections (the old listener let
+    accept()'s EMFILE end the process), or with only 8 descriptors to spare and 40 of them, the
+    worker stays up: idle probe connections are capped, a failed accept() is logged once and
+    retried, and /healthz answers once the idle ones are gone."""
+    daemon = start_daemon(db_url, tmp_path, env={"HTTP_HEADER_TIMEOUT_SECONDS": "2"})
+    sockets: list[socket.socket] = []
+    try:
+        await asyncio.to_thread(daemon.wait_ready, 60)
+        limit = 256 if spare is None else _open_descriptors(daemon.pid) + spare
+        resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (limit, limit))
+        sockets = await asyncio.to_thread(_idle_connections, daemon.port, idle)
+        await asyncio.sleep(1.0)
+        assert daemon.process.poll() is None, daemon.logs()
+        if spare is None:
+            # Under the cap, a probe still gets through while the idle ones wait.
+            answer = await asyncio.to_thread(
+                exchange, daemon.port, [request_head("GET", "/healthz")], timeout=5
+            )
+            assert answer.status == 200
+        for s in sockets:
+            s.close()
+        sockets = []
+        status = 0
+        for _ in range(100):
+            status, _ = await asyncio.to_thread(daemon.get, "/healthz")
+            if status == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert status == 200
+        assert daemon.process.poll() is None, daemon.logs()
+        events = [e["event"] for e in daemon.events()]
+        if spare is not None:
+            assert events.count("http.accept_failed") == 1, daemon.logs()
+            assert "http.accept_recovered" in events
+    finally:
+        for s in sockets:
+            s.close()
+        daemon.kill()
