@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from tests.support.processes import base_env
-from worker.db.migrations import SchemaMismatch, latest_version, migrate
+from worker.db.migrations import SchemaMismatch, _log_notice, latest_version, migrate
 
 
 async def test_migrate_twice_is_a_no_op(empty_db_url: str) -> None:
@@ -90,3 +90,41 @@ async def test_migration_0003_drops_job_due_left_by_an_older_install(db_url: str
         assert await conn.fetchval("SELECT to_regclass('jobs.job_due')") is None
     finally:
         await conn.close()
+
+
+async def test_a_fresh_migrate_and_every_later_one_log_no_notice(
+    empty_db_url: str, captured_logs: list[dict[str, object]]
+) -> None:
+    """Migrating an empty database, then again as every boot does, logs no
+    ``migrate.notice``: the IF [NOT] EXISTS statements that had nothing to do ("index job_due
+    does not exist, skipping", "schema jobs already exists, skipping") are not news."""
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        await migrate(conn, "jobs", lock_timeout=10)
+        await migrate(conn, "jobs", lock_timeout=10)
+    finally:
+        await conn.close()
+    assert [e for e in captured_logs if e["event"] == "migrate.notice"] == []
+    assert [e["event"] for e in captured_logs].count("migrate.applied") == latest_version()
+
+
+async def test_notices_that_say_something_are_still_logged(
+    db_url: str, captured_logs: list[dict[str, object]]
+) -> None:
+    """A migration's own RAISE NOTICE or WARNING (what it could not do) is still logged; only
+    the no-op notices of IF [NOT] EXISTS are dropped."""
+    conn = await asyncpg.connect(db_url)
+    conn.add_log_listener(_log_notice)
+    try:
+        await conn.execute("CREATE SCHEMA IF NOT EXISTS jobs")
+        await conn.execute("DROP INDEX IF EXISTS jobs.no_such_index")
+        await conn.execute(
+            "DO $$ BEGIN RAISE NOTICE 'kept notice'; RAISE WARNING 'kept warning'; END $$"
+        )
+        await conn.execute("SELECT 1")  # notices arrive before the statement's answer
+    finally:
+        await conn.close()
+    notices = [
+        (e["severity"], e["message"]) for e in captured_logs if e["event"] == "migrate.notice"
+    ]
+    assert notices == [("NOTICE", "kept notice"), ("WARNING", "kept warning")]

@@ -98,7 +98,24 @@ def check_known(applied: dict[int, str], migrations: list[Migration]) -> None:
             )
 
 
+def _nothing_to_do(message: asyncpg.PostgresLogMessage) -> bool:
+    """Whether ``message`` is the notice of an IF [NOT] EXISTS that had nothing to do.
+
+    PostgreSQL sends "... already exists, skipping" with the duplicate object's SQLSTATE (class
+    42) and "... does not exist, skipping" with 00000, in the server's language, so they are
+    told by their code and origin, not their text: a migration's own RAISE NOTICE (also 00000)
+    comes from PL/pgSQL's pl_exec.c, and what a migration could not do is a WARNING."""
+    code = getattr(message, "sqlstate", None) or ""
+    return (
+        getattr(message, "severity_en", None) == "NOTICE"
+        and (code == "00000" or code.startswith("42"))
+        and getattr(message, "server_source_filename", None) != "pl_exec.c"
+    )
+
+
 def _log_notice(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+    if _nothing_to_do(message):
+        return
     level = getattr(message, "severity", "NOTICE")
     text = getattr(message, "message", str(message))
     if level in ("WARNING", "ERROR"):
