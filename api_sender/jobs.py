@@ -1,24 +1,34 @@
 """``sender.jobs``: look at jobs and act on them (contract section 10).
 
-Reads are keyset-paginated, newest first. Every action is one statement that also writes its
-audit row (:mod:`api_sender.job_queries`); an action by ids returns the ids it changed, leaving
-ids in another state alone; an action by filter (``*_where``) returns how many it changed, or with
-``dry_run=True`` (the default) how many it would change, without changing or recording anything.
+Reads are keyset-paginated, newest first. Every action writes its audit row in the statement
+that changes the jobs (:mod:`api_sender.job_queries`); an action by ids returns the ids it
+changed, leaving ids in another state alone; an action by filter (``*_where``) returns how many
+it changed, or with ``dry_run=True`` (the default) how many it would change, without changing or
+recording anything.
+
+Resume and retry keep each key's promise (one pending timer per key; one created job per key on
+a short or stately queue): of the jobs they match, a key gets back its newest one only, and none
+while another job of it holds the place. The others are left alone and counted:
+:meth:`JobsApi.act` and :meth:`JobsApi.act_where` answer an :class:`ActionResult` whose
+``skipped`` says how many (``retry``/``resume`` and ``*_where`` keep answering ids and counts).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypedDict, Unpack, cast
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast
 
 from . import job_queries as q
 from .driver import AsyncDriver, SyncDriver, run_async, run_sync
-from .errors import InvalidArgument, PermissionDenied
-from .operation import ErrorMap, Op, Rows, first, one
+from .errors import InvalidArgument, PermissionDenied, SenderError
+from .operation import ErrorMap, Op, Rows, Step, first, one
 from .query import Query
+
+T = TypeVar("T")
 
 State = Literal["created", "retry", "active", "completed", "cancelled", "failed"]
 #: pg-boss's states, in the order of the job_state enum.
@@ -36,6 +46,12 @@ IdList = list[int]
 #: The most jobs one list page holds, and the most changed ids one filter action returns.
 MAX_PAGE = 1000
 MAX_IDS_SHOWN = 1000
+#: The most key locks one resume or retry takes (one per timer key and one per short or stately
+#: queue whose place is free): each holds a slot of the server's shared lock table, about
+#: 64 per connection by default (max_locks_per_transaction), to the end of the transaction.
+MAX_KEY_LOCKS = 1000
+#: How many times a resume runs when a send of the same key commits under it.
+KEY_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +170,26 @@ class JobFilter:
 @dataclass(frozen=True, slots=True)
 class ActionResult:
     """What an action changed: how many jobs, and their ids (at most ``MAX_IDS_SHOWN`` for a
-    filter action)."""
+    filter action; none for a dry run)."""
 
     changed: int
     ids: list[int]
+    #: Jobs the action matched but left alone to keep a key's promise (resume and retry only):
+    #: an older job of a key that got its newest back, or one whose key already has a job in
+    #: its place.
+    skipped: int = 0
+
+
+class KeyContention(SenderError):
+    """A resume kept meeting a send of the same key that committed under it, or a retry or
+    resume kept deadlocking with a transaction holding key locks in another order (each time
+    the whole action was rolled back and run again); nothing changed, it may be run again."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__(
+            f"jobs.{action}: a job of the same key was sent meanwhile, {KEY_ATTEMPTS} times "
+            "in a row; nothing changed, try again"
+        )
 
 
 class JobOps:
@@ -211,29 +243,38 @@ class JobOps:
         return one(q.COUNT_WHERE, values, _count)
 
     def act(self, action: Action, ids: Iterable[int]) -> Op[ActionResult]:
-        """``action`` on these ids (one statement with its audit row)."""
+        """``action`` on these ids, with its audit row (resume and retry: see
+        :func:`_keyed_action`)."""
         id_list = check_ids(ids)
-        values = {
-            "ids": id_list,
-            "states": list(ACTION_STATES[action]),
-            "shown": len(id_list),
-            **self._actor_values(),
-        }
+        target = {"ids": id_list, "states": list(ACTION_STATES[action])}
+        values = {**target, "shown": len(id_list), **self._actor_values()}
+        keyed = _KEYED.get(action)
+        if keyed is not None:
+            return _keyed_action(action, keyed.lock_ids, keyed.act_ids, target, values)
         return one(_BY_IDS[action], values, _action_result, errors=denied(f"jobs.{action}"))
 
     def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> Op[ActionResult]:
-        """``action`` on every job ``where`` matches, or only their count (``dry_run``)."""
-        values: dict[str, Any] = {
+        """``action`` on every job ``where`` matches, or only their count (``dry_run``): the
+        count of what the action would change now (and, for resume and retry, skip)."""
+        target: dict[str, Any] = {
             "queue": where.queue,
             "states": where.states(action),
             "since": where.since,
             "until": where.until,
         }
+        keyed = _KEYED.get(action)
         if dry_run:
-            return one(q.COUNT_WHERE, values, lambda rows: ActionResult(_count(rows), []))
-        values.update(
-            filter=json.dumps(where.as_json()), shown=MAX_IDS_SHOWN, **self._actor_values()
-        )
+            if keyed is not None:
+                return one(keyed.count_where, target, lambda rows: _dry_run(action, rows))
+            return one(q.COUNT_WHERE, target, lambda rows: ActionResult(_count(rows), []))
+        values = {
+            **target,
+            "filter": json.dumps(where.as_json()),
+            "shown": MAX_IDS_SHOWN,
+            **self._actor_values(),
+        }
+        if keyed is not None:
+            return _keyed_action(action, keyed.lock_where, keyed.act_where, target, values)
         return one(_WHERE[action], values, _action_result, errors=denied(f"jobs.{action}"))
 
     def _actor_values(self) -> dict[str, Any]:
@@ -298,12 +339,24 @@ class JobsApi:
         return await run_async(self._driver, self._ops.count_waiting(where))
 
     async def act(self, action: Action, ids: Iterable[int]) -> ActionResult:
-        """Run ``action`` on these ids (one statement with its audit row)."""
-        return await run_async(self._driver, self._ops.act(action, ids))
+        """Run ``action`` on these ids, with its audit row; ``skipped`` counts the jobs left
+        alone to keep a key's promise (see the module docstring)."""
+        return await self._run(lambda: self._ops.act(action, ids))
 
     async def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> ActionResult:
         """Run ``action`` on every job ``where`` matches, or only count them (``dry_run``)."""
-        return await run_async(self._driver, self._ops.act_where(action, where, dry_run=dry_run))
+        return await self._run(lambda: self._ops.act_where(action, where, dry_run=dry_run))
+
+    async def _run(self, make: Callable[[], Op[T]]) -> T:
+        # A resume whose key got a job sent under it was rolled back whole: run it again, in a
+        # new snapshot that sees that job (and so skips its key).
+        for attempt in range(1, KEY_ATTEMPTS + 1):
+            try:
+                return await run_async(self._driver, make())
+            except KeyContention:
+                if attempt == KEY_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
 
 class SyncJobsApi:
@@ -363,11 +416,21 @@ class SyncJobsApi:
 
     def act(self, action: Action, ids: Iterable[int]) -> ActionResult:
         """See :meth:`JobsApi.act`."""
-        return run_sync(self._driver, self._ops.act(action, ids))
+        return self._run(lambda: self._ops.act(action, ids))
 
     def act_where(self, action: Action, where: JobFilter, *, dry_run: bool) -> ActionResult:
         """See :meth:`JobsApi.act_where`."""
-        return run_sync(self._driver, self._ops.act_where(action, where, dry_run=dry_run))
+        return self._run(lambda: self._ops.act_where(action, where, dry_run=dry_run))
+
+    def _run(self, make: Callable[[], Op[T]]) -> T:
+        # See JobsApi._run.
+        for attempt in range(1, KEY_ATTEMPTS + 1):
+            try:
+                return run_sync(self._driver, make())
+            except KeyContention:
+                if attempt == KEY_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
 
 class ListFilters(TypedDict, total=False):
@@ -394,6 +457,61 @@ def _action_result(rows: Rows) -> ActionResult:
     return ActionResult(int(row["changed"]), list(row["ids"]))
 
 
+def _keyed_result(rows: Rows) -> ActionResult:
+    row = first(rows)
+    return ActionResult(int(row["changed"]), list(row["ids"]), int(row["skipped"]))
+
+
+def _dry_run(action: Action, rows: Rows) -> ActionResult:
+    row = first(rows)
+    _check_locks(action, row["wanted"])
+    return ActionResult(int(row["count"]), [], int(row["skipped"]))
+
+
+def _check_locks(action: Action, wanted: int) -> None:
+    """Refuse a resume or retry that would take more than MAX_KEY_LOCKS key locks (its dry
+    run too: it counts what the action would do, and the action would refuse)."""
+    if wanted > MAX_KEY_LOCKS:
+        raise InvalidArgument(
+            f"jobs.{action} would lock {wanted} keys at once, at most {MAX_KEY_LOCKS}: "
+            "narrow the filter (since/until) or give fewer ids"
+        )
+
+
+def _keyed_action(
+    action: Action,
+    lock: Query,
+    act: Query,
+    target: Mapping[str, Any],
+    values: Mapping[str, Any],
+) -> Op[ActionResult]:
+    """Resume or retry: two statements in one transaction (a savepoint inside the caller's),
+    the locks first, then the change in a snapshot taken after them (api_sender.job_queries).
+    The locks last to the end of that transaction."""
+
+    def steps() -> Generator[Step, Rows, ActionResult]:
+        locked = first((yield Step(lock, {**target, "max_locks": MAX_KEY_LOCKS})))
+        _check_locks(action, locked["wanted"])
+        rows = yield Step(act, {**values, "locked": list(locked["locked"])})
+        return _keyed_result(rows)
+
+    return Op(steps(), atomic=True, errors=_keyed_errors(action))
+
+
+def _keyed_errors(action: Action) -> ErrorMap:
+    """The error map of resume and retry: a missing right is PermissionDenied; a unique
+    violation (a send of the key committed under the resume's UPDATE) or a deadlock (with a
+    caller's transaction holding key locks in another order) is KeyContention, run again."""
+    rights = denied(f"jobs.{action}")
+
+    def mapped(sqlstate: str, exc: BaseException) -> Exception | None:
+        if sqlstate in ("23505", "40P01"):
+            return KeyContention(action)
+        return rights(sqlstate, exc)
+
+    return mapped
+
+
 def denied(action: str) -> ErrorMap:
     """The error map of an action: a missing right (SQLSTATE 42501) is PermissionDenied."""
 
@@ -403,18 +521,10 @@ def denied(action: str) -> ErrorMap:
     return mapped
 
 
-_BY_IDS: dict[Action, Query] = {
-    "retry": q.RETRY_IDS,
-    "cancel": q.CANCEL_IDS,
-    "resume": q.RESUME_IDS,
-    "delete": q.DELETE_IDS,
-}
-_WHERE: dict[Action, Query] = {
-    "retry": q.RETRY_WHERE,
-    "cancel": q.CANCEL_WHERE,
-    "resume": q.RESUME_WHERE,
-    "delete": q.DELETE_WHERE,
-}
+_BY_IDS: dict[Action, Query] = {"cancel": q.CANCEL_IDS, "delete": q.DELETE_IDS}
+_WHERE: dict[Action, Query] = {"cancel": q.CANCEL_WHERE, "delete": q.DELETE_WHERE}
+#: The actions that put jobs back where a key may hold one (see job_queries.KeyedAction).
+_KEYED: dict[Action, q.KeyedAction] = {"retry": q.RETRY, "resume": q.RESUME}
 
 
 def check_state(state: Any) -> None:
@@ -442,11 +552,26 @@ def check_ids(ids: Iterable[int]) -> IdList:
     return checked
 
 
+#: A job id or cursor as text: ASCII digits only (str.isdigit and int() take other scripts'
+#: digits, superscripts, underscores, signs and spaces), at most a bigint's 19.
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+
+
+def decimal_id(value: Any) -> int | None:
+    """The positive bigint ``value`` spells in ASCII digits, else ``None``."""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        number = int(value)
+        if 0 < number < 2**63:
+            return number
+    return None
+
+
 def parse_cursor(value: Any) -> int:
-    """The id a page cursor stands for."""
-    if isinstance(value, str) and value.isdigit() and 0 < int(value) < 2**63:
-        return int(value)
-    raise InvalidArgument("after must be the next cursor of a previous page")
+    """The id a page cursor stands for; InvalidArgument for anything else."""
+    number = decimal_id(value)
+    if number is None:
+        raise InvalidArgument("after must be the next cursor of a previous page")
+    return number
 
 
 def _text(name: str, value: Any) -> str:
@@ -460,11 +585,13 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def ids_of(values: Sequence[Any]) -> IdList:
-    """Job ids given as text (CLI, forms): each a positive integer."""
+    """Job ids given as text (CLI, forms): each a positive bigint in ASCII digits."""
     out = []
     for value in values:
-        text = str(value).strip()
-        if not text.isdigit():
-            raise InvalidArgument(f"job id must be a positive integer, not {text[:40]!r}")
-        out.append(check_id(int(text)))
+        number = decimal_id(str(value))
+        if number is None:
+            raise InvalidArgument(
+                f"job id must be a positive integer below 2^63, not {str(value)[:40]!r}"
+            )
+        out.append(number)
     return out

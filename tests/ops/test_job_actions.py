@@ -190,6 +190,7 @@ async def test_a_filter_action_counts_first_and_changes_only_when_asked(
     assert meta == {
         "filter": {"queue": "q", "state": "cancelled", "since": None, "until": None},
         "count": 2,
+        "skipped": 0,
     }
 
 

@@ -55,7 +55,9 @@ def _add_jobs_parser(sub: Any) -> None:
     listing.add_argument("--queue")
     listing.add_argument("--state", choices=STATES)
     listing.add_argument("--key")
-    listing.add_argument("--limit", type=int, default=50, help="jobs per page (1-1000) [50]")
+    # Text, checked by the command (ASCII digits, in range): int() would take "١٢" or "1_0",
+    # and argparse's own refusal is a usage block, not the one line of every other refusal.
+    listing.add_argument("--limit", default="50", help="jobs per page (1-1000) [50]")
     listing.add_argument("--after", metavar="CURSOR", help="the next cursor of a previous page")
     listing.add_argument("--json", action="store_true")
     show = actions.add_parser("show", help="every field of one job, its error and its data")

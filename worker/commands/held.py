@@ -21,6 +21,7 @@ from ..jobs.usage.operator import EVERYTHING, HeldRow, HeldStore, Selection
 from ..settings import Settings
 from .failures import reaching
 from .output import UsageError, print_json
+from .output import shown as escaped
 from .senders import open_sender
 
 log = structlog.get_logger("worker.held")
@@ -97,15 +98,16 @@ def _print_table(rows: list[HeldRow], total: int) -> None:
     lines = [["id", "status", "reason", "due_at", "meter", "workspace_id", "quantity"]]
     for row in rows:
         shown = row.as_json()
+        # Meter and workspace are ingested text (and any field a row holds): escaped.
         lines.append(
             [
-                row.id,
+                escaped(row.id),
                 row.status,
-                row.reason or "-",
-                shown["due_at"],
-                str(shown["meter"]),
-                str(shown["workspace_id"]),
-                str(shown["quantity"]),
+                escaped(row.reason or "-"),
+                escaped(shown["due_at"]),
+                escaped(shown["meter"]),
+                escaped(shown["workspace_id"]),
+                escaped(shown["quantity"]),
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]

@@ -14,7 +14,7 @@ from ..db.connections import connect
 from ..queue_report import queue_report as report_on
 from ..settings import Settings
 from .failures import reaching
-from .output import UsageError, print_json
+from .output import UsageError, print_json, shown
 from .senders import open_sender
 from .sending import prepare_send
 
@@ -46,15 +46,16 @@ async def queues_command(settings: Settings, args: argparse.Namespace) -> int:
     lines = [header]
     for q in report:
         oldest = q["oldest_waiting_seconds"]
+        # Names and schedule texts are rows anyone with the install's rights wrote: escaped.
         lines.append(
             [
-                q["name"],
+                shown(q["name"]),
                 *(str(q["counts"][s]) for s in STATES),
                 "-" if oldest is None else f"{oldest:.1f}",
                 "yes" if q["paused"] else "no",
-                q["cron"] or "-",
-                q["last_run"] or "-",
-                _purge_cell(q["last_purge"]),
+                shown(q["cron"] or "-"),
+                shown(q["last_run"] or "-"),
+                shown(_purge_cell(q["last_purge"])),
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
