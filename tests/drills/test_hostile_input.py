@@ -4,6 +4,8 @@ and slow requests against a real api process, beside a steady stream of good one
 from __future__ import annotations
 
 import asyncio
+import base64
+import re
 import threading
 import time
 from collections import Counter
@@ -24,6 +26,7 @@ from tests.support.rawhttp import RawAnswer, exchange, request_head
 pytestmark = [pytest.mark.drill, pytest.mark.xdist_group("drills-light")]
 
 TOKEN = "drill-hostile-token"
+ADMIN = "drill-hostile-admin-token"
 HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 3.0
 #: Bad requests go only here (and to the usage queue): any row in it is a refused request's.
@@ -31,6 +34,14 @@ HOSTILE = "drill-hostile"
 GOOD = "drill-good"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 JSON = {**AUTH, "Content-Type": "application/json"}
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN}"}
+CONSOLE_AUTH = {"Authorization": "Basic " + base64.b64encode(f"ops:{ADMIN}".encode()).decode()}
+#: The console's own origin as these raw requests name it (their Host is 127.0.0.1).
+CONSOLE_FORM = {
+    **CONSOLE_AUTH,
+    "Origin": "http://127.0.0.1",
+    "Content-Type": "application/x-www-form-urlencoded",
+}
 #: How long any one exchange may take before it counts as a hang: the slow cases end after
 #: the header or body timeout, everything else at once.
 HANG_SECONDS = 20.0
@@ -217,9 +228,34 @@ def catalogue() -> list[Case]:
     add("length-negative", _post(JOBS, text, {**JSON, "Content-Length": "-1"}), {400})
     both = {**JSON, "Content-Length": str(len(text)), "Transfer-Encoding": "chunked"}
     add("length-and-chunked", _post(JOBS, text, both), {400}, "Transfer-Encoding")
-    for bits in (60, 80):
+    # A chunk announced past 1 MiB is 413 at its size line (issue 28 item 8), not a wait for
+    # the body timeout; so is a body whose chunks add up past it.
+    for bits in (21, 60, 80, 400):
         head = request_head("POST", JOBS, {**JSON, "Transfer-Encoding": "chunked"})
-        add(f"chunk-2^{bits}", head + f"{2**bits:x}\r\n{{".encode(), {400, 408, None})
+        add(f"chunk-2^{bits}", head + f"{2**bits:x}\r\n{{".encode(), {413}, "too large")
+    first = b'{"data": "' + b"x" * (600 * 1024)
+    two = chunked + f"{len(first):x}\r\n".encode() + first + b"\r\n" + b"96000\r\nxx"
+    add("chunks-past-1MiB-announced", two, {413}, "too large")
+    # obs-fold (RFC 9112 section 5.2): 400 naming it, not a 415 for the folded Content-Type.
+    folded = _post(JOBS, _job()).replace(
+        b"Content-Type: application/json", b"Content-Type: application/json\r\n x"
+    )
+    add("obs-fold-content-type", folded, {400}, "folding")
+    tabbed = _post(JOBS, _job()).replace(b"Host: 127.0.0.1", b"Host: 127.0.0.1\r\n\tmore")
+    add("obs-fold-tab", tabbed, {400}, "folding")
+    add(
+        "obs-fold-probe",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n b\r\n\r\n",
+        {400},
+        "folding",
+    )
+    # A queue named with an encoded slash (item 11) or Unicode digits (item 7): none installed.
+    add("queue-slash-unknown", _post(f"/v1/jobs/{HOSTILE}%2Fnope", _job()), {404}, "installed")
+    add("queue-superscript", _post("/v1/jobs/%C2%B2", _job()), {404}, "installed")
+    # request_head writes headers as latin-1: these two characters are the UTF-8 bytes of ².
+    utf8_superscript = "\u00c2\u00b2"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {utf8_superscript}"}
+    add("token-non-ascii", _post(JOBS, _job(), headers), {401}, "token")
     add("bad-request-line", b"GARBAGE\r\n\r\n", {400})
     add(
         "header-over-limit",
@@ -242,6 +278,102 @@ def catalogue() -> list[Case]:
     return cases
 
 
+def admin_catalogue(csrf: str) -> list[Case]:
+    """Every kind of bad request to the admin API and the console once (issue 28 items 7 and
+    11): Unicode digits, numbers past a bigint or 10,000 digits long, NULs, non-ASCII tokens,
+    forged CSRF tokens and a bad ``expected`` on an otherwise valid pause of the hostile queue
+    (``csrf``: a valid token, from a confirmation page)."""
+    cases: list[Case] = []
+
+    def add(kind: str, raw: bytes, expect: set[int | None], names: str | None = None) -> None:
+        cases.append(Case(kind, [raw], expect, names))
+
+    huge = "9" * 10_000
+    for n, (path, status, names) in enumerate(
+        [
+            ("/v1/admin/jobs/%C2%B2", 404, "job id"),
+            ("/v1/admin/jobs/%D9%A3", 404, "job id"),
+            (f"/v1/admin/jobs/{huge}", 404, "job id"),
+            (f"/v1/admin/jobs/{2**63}", 404, "job id"),
+            ("/v1/admin/jobs?after=%C2%B2", 400, "after"),
+            (f"/v1/admin/jobs?after={huge}", 400, "after"),
+            ("/v1/admin/jobs?limit=%C2%B2", 400, "limit"),
+            ("/v1/admin/jobs?limit=1_0", 400, "limit"),
+        ]
+    ):
+        add(f"admin-get-{n}", request_head("GET", path, ADMIN_AUTH), {status}, names)
+    for n, path in enumerate(
+        [
+            "/console/jobs/%C2%B2",
+            f"/console/jobs/{huge}",
+            "/console/jobs?after=%C2%B2",
+            "/console/confirm?kind=job&action=retry&id=%C2%B2",
+            "/console/confirm?kind=held&action=discard&id=%00",
+            "/console/confirm?kind=held&action=redrive&id=job:" + "9" * 30,
+            "/console/confirm?kind=queue&action=pause&queue=%00",
+        ]
+    ):
+        add(f"console-get-{n}", request_head("GET", path, CONSOLE_AUTH), {400, 404})
+    admin_json = {**ADMIN_AUTH, "Content-Type": "application/json"}
+    add("admin-queue-nul", _post("/v1/admin/queues/%00/pause", "", admin_json), {400}, "queue")
+    slashed = f"/v1/admin/queues/{HOSTILE}%2Fnope/pause"
+    add("admin-queue-slash-unknown", _post(slashed, "", admin_json), {404}, "not exist")
+    add("admin-ids-huge", _post("/v1/admin/jobs/retry", '{"ids": [1e30]}', admin_json), {400})
+    add(
+        "admin-ids-bigint",
+        _post("/v1/admin/jobs/retry", f'{{"ids": [{2**70}]}}', admin_json),
+        {400},
+    )
+    surrogate = '{"filter": {"queue": "\\ud800"}, "dry_run": false}'
+    add(
+        "admin-filter-surrogate",
+        _post("/v1/admin/jobs/retry", surrogate, admin_json),
+        {400},
+        "queue",
+    )
+    add("admin-ids-text", _post("/v1/admin/jobs/retry", '{"ids": ["\u00b2"]}', admin_json), {400})
+    # request_head writes headers as latin-1: "\u00c2\u00b2" goes out as the UTF-8 bytes of ².
+    utf8_superscript = "\u00c2\u00b2"
+    pause = f"/v1/admin/queues/{HOSTILE}/pause"
+    add(
+        "admin-token-non-ascii",
+        _post(pause, "", {"Authorization": f"Bearer {utf8_superscript}"}),
+        {401},
+    )
+    basic = base64.b64encode("ops:\u00b2".encode()).decode()
+    add(
+        "console-password-non-ascii",
+        request_head("GET", "/console/", {"Authorization": f"Basic {basic}"}),
+        {401},
+    )
+    stamp, _, signature = csrf.partition(".")
+    form = f"kind=queue&action=pause&queue={HOSTILE}"
+    for n, forged in enumerate(
+        [
+            f"{stamp}.%C2%B2",
+            f"{stamp}." + "%C3%A9" * len(signature),
+            f"%C2%B2{stamp}.{signature}",
+            f"{'9' * 5000}.{signature}",
+        ]
+    ):
+        add(
+            f"console-csrf-{n}", _post("/console/act", f"csrf={forged}&{form}", CONSOLE_FORM), {403}
+        )
+    for n, extra in enumerate(["expected=%C2%B2", "expected=" + "9" * 5000, "expected=-1"]):
+        body = f"csrf={csrf}&{form}&{extra}"
+        add(f"console-expected-{n}", _post("/console/act", body, CONSOLE_FORM), {400}, "expected")
+    for n, body in enumerate(
+        [
+            "kind=job&action=retry&id=%C2%B2",
+            "kind=job&action=retry&id=" + "9" * 5000,
+            "kind=queue&action=pause&queue=-x",
+            "kind=held&action=discard&id=job:" + "9" * 30,
+        ]
+    ):
+        add(f"console-form-{n}", _post("/console/act", f"csrf={csrf}&{body}", CONSOLE_FORM), {400})
+    return cases
+
+
 def run_case(port: int, case: Case) -> Outcome:
     """Send one hostile request and judge its answer."""
     answer = exchange(
@@ -260,7 +392,9 @@ def run_case(port: int, case: Case) -> Outcome:
     is_json = answer.headers.get("content-type") == "application/json"
     if is_json and (not isinstance(answer.json(), dict) or "error" not in answer.json()):
         outcome.problems.append(f"JSON answer without an error: {answer.body[:200]!r}")
-    if len(answer.body) > 4_000:
+    # A console page is HTML around its message: a few kilobytes of its own.
+    limit = 8_000 if answer.headers.get("content-type", "").startswith("text/html") else 4_000
+    if len(answer.body) > limit:
         outcome.problems.append(f"an answer of {len(answer.body)} bytes echoes the input")
     return outcome
 
@@ -335,11 +469,19 @@ async def test_hostile_requests_get_4xx_and_enqueue_nothing_while_good_ones_flow
         await pool.close()
     env = {
         "INGEST_TOKEN": TOKEN,
+        "ADMIN_TOKEN": ADMIN,
         "HTTP_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT),
         "HTTP_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT),
     }
     [api] = await fleet.start_ready(db_url, env, role="api")
-    kinds = catalogue()
+    confirm = await asyncio.to_thread(
+        httpx.get,
+        api.url(f"/console/confirm?kind=queue&action=pause&queue={HOSTILE}"),
+        headers=CONSOLE_AUTH,
+    )
+    found = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
+    assert found is not None, confirm.text
+    kinds = catalogue() + admin_catalogue(found.group(1))
     rounds = sized(3, 15)
     cases = [case for _ in range(rounds) for case in kinds]
     began = time.monotonic()
@@ -372,6 +514,11 @@ async def test_hostile_requests_get_4xx_and_enqueue_nothing_while_good_ones_flow
     )
     good_rows = await fetchval(db_url, "SELECT count(*) FROM jobs.job WHERE queue = $1", GOOD)
     assert good_rows == good_statuses[202] - len(good.event_ids) // 5
+    # The refused admin and console requests acted on nothing: no pause, no audit row.
+    paused = await fetchval(db_url, "SELECT paused FROM jobs.queue WHERE name = $1", HOSTILE)
+    assert paused is False, "a refused console form paused the hostile queue"
+    audited = await fetchval(db_url, "SELECT count(*) FROM public.audit_log")
+    assert audited == 0, f"{audited} audit rows written by refused requests"
 
     logs = api.logs()
     assert "Traceback" not in logs, logs[logs.index("Traceback") - 500 :][:3000]
@@ -380,6 +527,9 @@ async def test_hostile_requests_get_4xx_and_enqueue_nothing_while_good_ones_flow
     broken = sum(1 for o in outcomes if o.case.kind.startswith(("chunk-", "length-and")))
     disconnects = len(log_events(api, "http.client_disconnected"))
     assert hang_ups <= disconnects <= hang_ups + broken
+    # What the listener refused itself (announced chunks past 1 MiB, obs-fold): one line each.
+    screened = sum(1 for o in outcomes if o.case.kind.startswith(("chunk", "obs-fold")))
+    assert len(log_events(api, "http.refused")) == screened
     assert api.get("/readyz")[0] == 200
 
     slowest_bad = max(o.answer.seconds for o in outcomes)

@@ -17,9 +17,13 @@ from tests.support.dbproxy import DatabaseProxy
 from tests.support.postgres import installed_database
 from tests.support.processes import Daemon, free_port, start_daemon
 from tests.support.queues import make_queue
+from tests.support.rawhttp import exchange, request_head
 from tests.usage.conftest import FAST_USAGE, TOKEN, fetch, ingest, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("usage-ingest")]
+
+#: A queue name the name check allows that holds a slash (issue 28 item 11).
+SLASHED = "team/reports"
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +33,7 @@ def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
     async def queues(pool: asyncpg.Pool) -> None:
         await make_queue(pool, "reports")
         await make_queue(pool, "once", policy="short")
+        await make_queue(pool, SLASHED)
 
     with installed_database(admin_url, template_name, queues) as url:
         yield url
@@ -534,3 +539,126 @@ def test_errors_do_not_echo_huge_or_secret_input(api: Daemon) -> None:
     response = _json(api, "/v1/jobs/reports", f'{{"data": {{}}, "priority": "{secret}"}}')
     assert response.status_code == 400
     assert secret not in response.text
+
+
+# --- Issue 28 item 8: chunk sizes past the limit, obsolete line folding -------------------------
+
+
+def _chunked_head(path: str = "/v1/jobs/reports") -> bytes:
+    headers = {
+        "Authorization": f"Bearer {TOKEN}",
+        "Content-Type": "application/json",
+        "Transfer-Encoding": "chunked",
+    }
+    return request_head("POST", path, headers)
+
+
+@pytest.mark.parametrize(
+    "size", [(1 << 20) + 1, 2**21, 2**60, 2**80, 2**400], ids=lambda n: f"{n:x}"[:24]
+)
+def test_a_chunk_announced_past_1_mib_answers_413_at_once(
+    api: Daemon, shared_db: str, size: int
+) -> None:
+    """A chunked body whose first chunk is announced above 1 MiB (up to 2^400 bytes, far past
+    what the parser's own 20 hex digits allow) answers 413 naming the limit at once, without
+    waiting for the body, and enqueues nothing."""
+    before = _count(shared_db, "reports")
+    answer = exchange(api.port, [_chunked_head() + f"{size:x}\r\n{{".encode()], timeout=20)
+    assert answer.status == 413, (answer.status, answer.body[:300], answer.hung)
+    assert answer.seconds < 2, answer.seconds
+    assert "too large" in answer.body.decode()
+    assert answer.json()["limit_bytes"] == 1 << 20
+    assert _count(shared_db, "reports") == before
+
+
+def test_chunks_announced_past_1_mib_in_all_answer_413_before_the_last_arrives(
+    api: Daemon, shared_db: str
+) -> None:
+    """Two chunks of 600 KiB: once the second is announced the body cannot fit 1 MiB, so it
+    answers 413 at once rather than when its bytes (never sent) would have come."""
+    before = _count(shared_db, "reports")
+    first = b'{"data": "' + b"x" * (600 * 1024 - 10)
+    raw = _chunked_head() + f"{len(first):x}\r\n".encode() + first + b"\r\n"
+    answer = exchange(api.port, [raw + f"{600 * 1024:x}\r\nxx".encode()], timeout=20)
+    assert answer.status == 413, (answer.status, answer.body[:300], answer.hung)
+    assert answer.seconds < 2, answer.seconds
+    assert _count(shared_db, "reports") == before
+
+
+def test_chunked_bodies_within_1_mib_are_still_read(api: Daemon, shared_db: str) -> None:
+    """Many small chunks, chunk extensions and upper-case hex, 1 MiB in all at most, are an
+    ordinary request (202)."""
+    body = b'{"data": {"pad": "' + b"p" * 200_000 + b'"}}'
+    parts = [body[i : i + 7001] for i in range(0, len(body), 7001)]
+    framed = b"".join(f"{len(p):X};ext=1\r\n".encode() + p + b"\r\n" for p in parts)
+    answer = exchange(api.port, [_chunked_head() + framed + b"0\r\n\r\n"], timeout=20)
+    assert answer.status == 202, answer.body[:300]
+
+
+@pytest.mark.parametrize(
+    ("head", "continuation"),
+    [
+        (b"Content-Type: application/json", b" extra"),
+        (b"X-Note: one", b"\ttwo"),
+        (b"Authorization: Bearer " + TOKEN.encode(), b" more"),
+    ],
+    ids=["content-type-space", "other-tab", "authorization"],
+)
+def test_an_obs_fold_header_answers_400_naming_it(
+    api: Daemon, shared_db: str, head: bytes, continuation: bytes
+) -> None:
+    """A header continued on a line starting with a space or tab (obs-fold, RFC 9112 section
+    5.2) answers 400 saying so, whatever the header, and enqueues nothing."""
+    before = _count(shared_db, "reports")
+    body = b'{"data": {}}'
+    lines = [
+        b"POST /v1/jobs/reports HTTP/1.1",
+        b"Host: 127.0.0.1",
+        *(
+            line
+            for line in (
+                b"Authorization: Bearer " + TOKEN.encode(),
+                b"Content-Type: application/json",
+            )
+            if not line.startswith(head.split(b":")[0] + b":")
+        ),
+        head,
+        continuation,
+        b"Content-Length: " + str(len(body)).encode(),
+    ]
+    answer = exchange(api.port, [b"\r\n".join(lines) + b"\r\n\r\n" + body], timeout=20)
+    assert answer.status == 400, (answer.status, answer.body[:300])
+    assert "folding" in answer.body.decode()
+    assert _count(shared_db, "reports") == before
+
+
+def test_an_obs_fold_on_a_probe_answers_400(api: Daemon) -> None:
+    """obs-fold is refused on every path of the listener, /healthz included."""
+    raw = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n cont\r\n\r\n"
+    assert exchange(api.port, [raw], timeout=10).status == 400
+
+
+# --- Issue 28 item 11: queue names with a slash -------------------------------------------------
+
+
+def test_jobs_and_timers_reach_a_queue_whose_name_holds_a_slash(
+    api: Daemon, shared_db: str
+) -> None:
+    """POST /v1/jobs/team%2Freports and /v1/timers/team%2Freports enqueue on queue team/reports
+    (the slash sent encoded or not); DELETE /v1/timers/team%2Freports/KEY cancels its timer."""
+    encoded = "team%2Freports"
+    for path in (f"/v1/jobs/{encoded}", f"/v1/jobs/{SLASHED}"):
+        response = ingest(api, {"data": {"via": path}}, path=path)
+        assert response.status_code == 202, (path, response.text)
+        [row] = fetch(shared_db, "SELECT queue FROM jobs.job WHERE id = $1", response.json()["id"])
+        assert row["queue"] == SLASHED
+    timer = ingest(api, {"delay_seconds": 600, "key": "a/k"}, path=f"/v1/timers/{encoded}")
+    assert timer.status_code == 202, timer.text
+    [row] = fetch(shared_db, "SELECT queue FROM jobs.job WHERE id = $1", timer.json()["id"])
+    assert row["queue"] == SLASHED
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    cancel = httpx.delete(api.url(f"/v1/timers/{encoded}/a/k"), headers=headers)
+    assert cancel.status_code == 204, cancel.text
+    again = httpx.delete(api.url(f"/v1/timers/{encoded}/a%2Fk"), headers=headers)
+    assert again.status_code == 404, again.text
+    assert ingest(api, {"data": {}}, path="/v1/jobs/team%2Fnope").status_code == 404

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from api_sender.storable import segment
 
 from .guard import HttpError
+from .inputs import is_ascii_digits
 
 #: The largest request body /v1 reads (1 MiB); larger answers 413.
 MAX_BODY_BYTES = 1 << 20
@@ -53,9 +54,12 @@ async def read_json(request: Request, *, timeout: float) -> Any:
             headers={"Connection": "close"},
         )
     if declared is not None:
-        if not declared.strip().isdigit():
-            raise HttpError(400, "invalid Content-Length")
-        if int(declared) > MAX_BODY_BYTES:
+        length = declared.strip()
+        if not is_ascii_digits(length):
+            raise HttpError(400, "invalid Content-Length: not a number of bytes")
+        # Too many digits is too large without int() of them (which refuses 4,300 and more).
+        significant = length.lstrip("0") or "0"
+        if len(significant) > len(str(MAX_BODY_BYTES)) or int(significant) > MAX_BODY_BYTES:
             raise HttpError(413, "request body too large", limit_bytes=MAX_BODY_BYTES)
     body = bytearray()
     try:

@@ -7,7 +7,6 @@ or 401 as a known one and reveals nothing to a caller without the token. The bod
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -24,11 +23,15 @@ from api_sender.storable import segment
 
 from ..db.connections import TRANSIENT_ERRORS
 from ..state import ServiceState
+from .inputs import same_secret
 
 log = structlog.get_logger("worker.ingest")
 
 #: How long one request may wait on the database before it answers 503.
 DATABASE_TIMEOUT_SECONDS = 10.0
+#: The key in an ASGI scope's ``state`` that says the listener (:mod:`.protocol`) refused the
+#: request's body and answered it: the app's read then ends as if the client had left.
+REFUSED_STATE_KEY = "http_refused"
 
 T = TypeVar("T")
 
@@ -70,7 +73,8 @@ def field_errors(
 
 class ClientGone:
     """ASGI middleware: a client that hangs up before its body is read is one log line
-    (``http.client_disconnected``), not a traceback; there is nobody left to answer."""
+    (``http.client_disconnected``), not a traceback; there is nobody left to answer. A body the
+    listener itself refused mid-read (:mod:`.protocol`) ends the same way, already logged."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -79,6 +83,10 @@ class ClientGone:
         try:
             await self.app(scope, receive, send)
         except ClientDisconnect:
+            if (scope.get("state") or {}).get(REFUSED_STATE_KEY):
+                # The listener refused this body and answered it (logged http.refused): the
+                # read ended there, not because the client left.
+                return
             log.info(
                 "http.client_disconnected",
                 method=scope.get("method"),
@@ -122,7 +130,7 @@ class IngestAuth:
         scheme, _, given = header.partition(b" ")
         if scheme.lower() != b"bearer" or not given.strip():
             return 401, "missing bearer token"
-        if not hmac.compare_digest(given.strip(), self._expected):
+        if not same_secret(given.strip(), self._expected):
             return 401, "invalid bearer token"
         return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import structlog
 from pydantic import (
@@ -123,7 +124,7 @@ def jobs_routes(state: ServiceState) -> list[BaseRoute]:
         return JSONResponse({"id": job_id}, status_code=202)
 
     async def delete_timer(request: Request) -> Response:
-        queue, key = request.path_params["queue"], request.path_params["key"]
+        queue, key = timer_target(request)
 
         async def cancel(sender: Sender) -> bool:
             return await sender.timers.cancel(queue, key)
@@ -136,11 +137,34 @@ def jobs_routes(state: ServiceState) -> list[BaseRoute]:
             return JSONResponse({"error": "no pending timer with that key"}, status_code=404)
         return Response(status_code=204)
 
+    # {queue:path}: a queue's name may hold a slash (the name rule allows one), sent as is or
+    # as %2F. Deleting a timer names a queue and a key, which may both hold one: there the
+    # queue's slashes come encoded (see timer_target).
     return [
-        Route("/jobs/{queue}", post_job, methods=["POST"]),
-        Route("/timers/{queue}", post_timer, methods=["POST"]),
-        Route("/timers/{queue}/{key:path}", delete_timer, methods=["DELETE"]),
+        Route("/jobs/{queue:path}", post_job, methods=["POST"]),
+        Route("/timers/{queue:path}", post_timer, methods=["POST"]),
+        Route("/timers/{queue:path}/{key:path}", delete_timer, methods=["DELETE"]),
     ]
+
+
+def timer_target(request: Request) -> tuple[str, str]:
+    """The queue and key of ``DELETE /v1/timers/{queue}/{key}``: the first path segment after
+    /v1/timers is the queue, everything after it the key, split where the client put a slash
+    (so a slash in the queue's name is sent as %2F; one in the key may be either).
+
+    The decoded path has lost that distinction, so the raw one is split. Should the raw path
+    not spell /v1/timers/ plainly (its own letters percent-encoded), the decoded one is split
+    at its first slash instead.
+    """
+    raw: bytes = request.scope.get("raw_path") or b""
+    segments = [
+        unquote(part.decode("ascii", "replace"), errors="replace") for part in raw.split(b"/")
+    ]
+    if len(segments) >= 5 and segments[:3] == ["", "v1", "timers"]:
+        return segments[3], "/".join(segments[4:])
+    queue, key = request.path_params["queue"], request.path_params["key"]
+    first, _, rest = f"{queue}/{key}".partition("/")
+    return first, rest
 
 
 def _check_queue(queue: str) -> None:

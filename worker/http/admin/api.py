@@ -23,11 +23,14 @@ from api_sender import (
     Sender,
 )
 from api_sender.events import parse_timestamp
-from api_sender.jobs import ACTION_STATES, Action, parse_cursor
+from api_sender.jobs import ACTION_STATES, MAX_PAGE, Action
+from api_sender.storable import segment
 
 from ...state import ServiceState
 from ..body import read_json
 from ..guard import HttpError, in_database
+from ..inputs import JOB_ID_RULE, QUEUE_NAME_RULE, ascii_int, is_queue_name
+from ..inputs import job_id as job_id_of
 from .views import queues_document
 
 log = structlog.get_logger("worker.admin")
@@ -55,10 +58,12 @@ def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
         unknown = sorted(set(params) - {"queue", "state", "key", "limit", "after"})
         if unknown:
             return HttpError(400, f"unknown query parameter(s): {', '.join(unknown)}").response()
-        try:
-            limit = int(params.get("limit", "100"))
-        except ValueError:
-            return HttpError(400, "limit must be an integer").response()
+        limit = ascii_int(params.get("limit", "100"), max_digits=len(str(MAX_PAGE)))
+        if limit is None:
+            return HttpError(400, f"limit: not an integer from 1 to {MAX_PAGE}").response()
+        after = params.get("after") or None
+        if after is not None and job_id_of(after) is None:
+            return HttpError(400, "after: not a cursor (the next of a previous page)").response()
 
         async def read(sender: Sender) -> Any:
             return await sender.jobs.list(
@@ -66,7 +71,7 @@ def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
                 state=params.get("state") or None,  # type: ignore[arg-type]
                 key=params.get("key") or None,
                 limit=limit,
-                after=params.get("after") or None,
+                after=after,
             )
 
         return await _answer(
@@ -79,10 +84,9 @@ def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
         )
 
     async def get_job(request: Request) -> Response:
-        try:
-            job_id = parse_cursor(request.path_params["id"])
-        except InvalidArgument:
-            return HttpError(404, "no such job").response()
+        job_id = job_id_of(request.path_params["id"])
+        if job_id is None:
+            return HttpError(404, f"no such job: {JOB_ID_RULE}").response()
 
         async def read(sender: Sender) -> Any:
             return await sender.jobs.get(job_id)
@@ -92,7 +96,7 @@ def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
     async def job_action(request: Request) -> Response:
         action = request.path_params["action"]
         if action not in JOB_ACTIONS:
-            return HttpError(404, f"unknown job action {action!r}").response()
+            return HttpError(404, f"unknown job action {segment(action)!r}").response()
         actor = Actor("api", request.state.principal)
         try:
             body = await read_json(request, timeout=body_timeout)
@@ -105,16 +109,26 @@ def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
             if isinstance(target, JobFilter):
                 dry_run = body.get("dry_run", True)
                 result = await jobs.act_where(action, target, dry_run=dry_run)
-                return {"changed": result.changed, "ids": result.ids, "dry_run": dry_run}
+                return {
+                    "changed": result.changed,
+                    "ids": result.ids,
+                    "skipped": result.skipped,
+                    "dry_run": dry_run,
+                }
             result = await jobs.act(action, target)
-            return {"changed": result.changed, "ids": result.ids}
+            # skipped: left alone to keep a key's promise (resume and retry; 0 otherwise).
+            return {"changed": result.changed, "ids": result.ids, "skipped": result.skipped}
 
         return await _answer(state, act, lambda doc: doc, action=f"job.{action}")
 
     async def queue_action(request: Request) -> Response:
+        # {queue:path}: a queue's name may hold a slash (sent as is or as %2F, the same once
+        # decoded); the action is the last segment.
         queue, action = request.path_params["queue"], request.path_params["action"]
         if action not in QUEUE_ACTIONS:
-            return HttpError(404, f"unknown queue action {action!r}").response()
+            return HttpError(404, f"unknown queue action {segment(action)!r}").response()
+        if not is_queue_name(queue):
+            return HttpError(400, f"queue: not a queue name ({QUEUE_NAME_RULE})").response()
         actor = Actor("api", request.state.principal)
 
         async def act(sender: Sender) -> dict[str, Any]:
@@ -131,7 +145,7 @@ def admin_api_routes(state: ServiceState) -> list[BaseRoute]:
         Route("/jobs", list_jobs, methods=["GET"]),
         Route("/jobs/{id}", get_job, methods=["GET"]),
         Route("/jobs/{action}", job_action, methods=["POST"]),
-        Route("/queues/{queue}/{action}", queue_action, methods=["POST"]),
+        Route("/queues/{queue:path}/{action}", queue_action, methods=["POST"]),
     ]
 
 
@@ -165,12 +179,17 @@ def parse_filter(raw: Any) -> JobFilter:
     unknown = sorted(set(raw) - _FILTER_KEYS)
     if unknown:
         raise HttpError(400, f"unknown filter field(s): {', '.join(unknown)}")
+    queue = raw.get("queue")
+    # A name no queue can have (a lone surrogate from a JSON escape, a NUL) matches nothing;
+    # refused here, it never reaches the database's encoder.
+    if isinstance(queue, str) and queue and not is_queue_name(queue):
+        raise HttpError(400, f"filter queue: not a queue name ({QUEUE_NAME_RULE})")
     try:
         bounds = {
             name: parse_timestamp(raw[name], name) if raw.get(name) else None
             for name in ("since", "until")
         }
-        return JobFilter(queue=raw.get("queue"), state=raw.get("state") or None, **bounds)  # type: ignore[arg-type]
+        return JobFilter(queue=queue, state=raw.get("state") or None, **bounds)  # type: ignore[arg-type]
     except (ValueError, InvalidArgument) as exc:
         raise HttpError(400, str(exc)) from None
 

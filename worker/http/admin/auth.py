@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import SecretStr
 from starlette.types import Scope
+
+from ..inputs import same_secret
 
 Principal = Literal["admin", "viewer"]
 Scheme = Literal["bearer", "basic"]
@@ -49,8 +50,8 @@ class Tokens:
 
     def principal(self, given: bytes) -> Principal | None:
         """Which principal ``given`` authenticates, comparing against both in constant time."""
-        is_admin = self._admin is not None and hmac.compare_digest(given, self._admin)
-        is_viewer = self._viewer is not None and hmac.compare_digest(given, self._viewer)
+        is_admin = self._admin is not None and same_secret(given, self._admin)
+        is_viewer = self._viewer is not None and same_secret(given, self._viewer)
         if is_admin:
             return "admin"
         if is_viewer:

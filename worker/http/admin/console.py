@@ -10,10 +10,12 @@ autoescaping: job data and error texts are untrusted input.
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlencode
 
 import anyio
@@ -24,18 +26,19 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from api_sender import Actor, InvalidArgument, JobFilter, PermissionDenied, QueueNotFound, Sender
-from api_sender.jobs import ACTION_STATES, STATES, Action, parse_cursor
+from api_sender.jobs import ACTION_STATES, STATES, Action
 from api_sender.query import Query
 
 from ...db import statements as db
 from ...db.connections import TRANSIENT_ERRORS
-from ...jobs.usage.operator import EVERYTHING, HeldStore, Selection
+from ...jobs.usage.operator import EVERYTHING, JOB_PREFIX, HeldRow, HeldStore, Selection
 from ...state import ServiceState
 from ..guard import HttpError
+from ..inputs import JOB_ID_RULE, QUEUE_NAME_RULE, ascii_int, is_queue_name, job_id
 from .api import parse_filter
 from .chart import throughput_svg
 from .csrf import Csrf
-from .views import queue_names, queues_document, throughput
+from .views import data_sizes, queue_names, queues_document, throughput
 
 log = structlog.get_logger("worker.console")
 
@@ -43,6 +46,12 @@ log = structlog.get_logger("worker.console")
 MAX_FORM_BYTES = 16 * 1024
 #: How long the answer to "may this role DELETE?" is reused (seconds).
 RIGHTS_TTL = 60.0
+#: A held event's id as the console takes it: printable ASCII (a ULID, as ingest makes them),
+#: or ``job:<job id>`` for data without one.
+_EVENT_ID = re.compile(r"[\x21-\x7e]{1,200}")
+HELD_ID_RULE = "a held event id is its event id (a ULID) or job:<job id>"
+#: An ``expected`` count of a form: what a confirmation page counted (at most a bigint's digits).
+_MAX_COUNT_DIGITS = 19
 #: Whether this role may delete jobs (delete and purge need it; the api role of roles.sql may not).
 _CAN_DELETE = Query("can_delete", "SELECT has_table_privilege('{s}.job', 'DELETE')")
 VERBS = {
@@ -165,6 +174,9 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
     async def jobs(request: Request) -> Response:
         params = request.query_params
         f = {name: params.get(name) or None for name in ("queue", "state", "key")}
+        after = params.get("after") or None
+        if after is not None and job_id(after) is None:
+            return failure(request, 400, "Not possible", "after: not a cursor of a job list page")
 
         async def view(sender: Sender) -> Response:
             listing = await sender.jobs.list(
@@ -172,7 +184,7 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
                 state=f["state"],  # type: ignore[arg-type]
                 key=f["key"],
                 limit=50,
-                after=params.get("after") or None,
+                after=after,
             )
             names = await queue_names(sender.pool, sender.schema)
             next_url = "/console/jobs?" + urlencode(
@@ -195,13 +207,12 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
 
     async def job(request: Request) -> Response:
         async def view(sender: Sender) -> Response:
-            try:
-                job_id = parse_cursor(request.path_params["id"])
-            except InvalidArgument:
-                return failure(request, 404, "No such job", "that is not a job id")
-            found = await sender.jobs.get(job_id)
+            wanted = job_id(request.path_params["id"])
+            if wanted is None:
+                return failure(request, 404, "No such job", f"that is not a job id: {JOB_ID_RULE}")
+            found = await sender.jobs.get(wanted)
             if found is None:
-                return failure(request, 404, "No such job", f"job {job_id} does not exist")
+                return failure(request, 404, "No such job", f"job {wanted} does not exist")
             can_delete = await rights.can_delete(sender)
             return page(
                 request,
@@ -222,8 +233,20 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
             store = HeldStore(sender)
             rows = await store.listing(limit=200)
             total = len(rows) if len(rows) < 200 else await store.count()
+            show = settings.admin_show_data
+            sizes = (
+                {}
+                if show
+                else await data_sizes(sender.pool, sender.schema, [row.job_id for row in rows])
+            )
             return page(
-                request, "held.html", title="Held usage", nav="held", rows=rows, total=total
+                request,
+                "held.html",
+                title="Held usage",
+                nav="held",
+                rows=[held_view(row, show_data=show, sizes=sizes) for row in rows],
+                total=total,
+                show_data=show,
             )
 
         return await guarded(request, view)
@@ -232,7 +255,7 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
         params = request.query_params
 
         async def view(sender: Sender) -> Response:
-            plan = await _plan(sender, params, rights)
+            plan = await _plan(sender, parse_action(params, [params.get("id", "")]), rights)
             return page(
                 request,
                 "confirm.html",
@@ -253,15 +276,19 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
         if not csrf.valid(form.get("csrf", "")):
             log.warning("console.csrf_refused")
             return failure(request, 403, "Refused", "the form has expired or was not made here")
+        # Every field is checked before anything is written: a bad one refuses the whole form.
+        try:
+            planned = parse_action(form, form["_ids"].split(",") if form.get("_ids") else [])
+        except HttpError as exc:
+            return failure(request, exc.status, "Not possible", exc.error)
         actor = Actor("console", request.state.principal)
 
         async def view(sender: Sender) -> Response:
-            message, back, changed = await _perform(sender, form, actor)
-            expected = form.get("expected")
+            message, back, changed = await _perform(sender, planned, actor)
             log.info(
                 "console.action",
-                kind=form.get("kind"),
-                action=form.get("action"),
+                kind=planned.kind,
+                action=planned.action,
                 changed=changed,
                 principal=actor.principal,
             )
@@ -272,7 +299,7 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
                 message=message,
                 back=back,
                 changed=changed,
-                expected=int(expected) if expected and expected.isdigit() else None,
+                expected=planned.expected,
             )
 
         return await guarded(request, view)
@@ -313,13 +340,90 @@ async def _read_form(request: Request, timeout: float) -> dict[str, str] | None:
     return out
 
 
-def _ids(values: list[str]) -> list[int]:
+def held_view(row: HeldRow, *, show_data: bool, sizes: Mapping[int, int]) -> dict[str, Any]:
+    """What the held page shows of one event. Its id, status, hold reason and due time are the
+    operator's to see; its body (meter, workspace, quantity, when it occurred, dimensions) is
+    the customer's data, shown only with ADMIN_SHOW_DATA (else its size, as job data is)."""
+    shown: dict[str, Any] = {
+        "id": row.id,
+        "status": row.status,
+        "reason": row.reason,
+        "due_at": row.due_at,
+    }
+    if not show_data:
+        return {**shown, "bytes": sizes.get(row.job_id)}
+    body = row.data if isinstance(row.data, dict) else {}
+    dimensions = body.get("dimensions")
+    return {
+        **shown,
+        "meter": body.get("meter"),
+        "workspace_id": body.get("workspace_id"),
+        "quantity": body.get("quantity"),
+        "occurred_at": body.get("occurred_at"),
+        "dimensions": json.dumps(dimensions, ensure_ascii=False) if dimensions else None,
+    }
+
+
+Kind = Literal["job", "filter", "queue", "held"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleAction:
+    """One console action with every field checked: what a confirmation page counts, and what
+    its form, once confirmed, does."""
+
+    kind: Kind
+    action: str
+    #: kind job: the job ids.
+    ids: tuple[int, ...] = ()
+    #: kind filter: the jobs matched.
+    where: JobFilter | None = None
+    #: kind queue: the queue.
+    queue: str = ""
+    #: kind held: the events, and the id as given (shown and carried by the form).
+    selection: Selection = EVERYTHING
+    held_id: str = ""
+    #: What the confirmation page counted, carried by its form (shown beside what changed).
+    expected: int | None = None
+
+
+def parse_action(fields: Mapping[str, str], ids: Sequence[str]) -> ConsoleAction:
+    """The action a confirmation page's query or an action form names, every field checked
+    (:class:`HttpError` 400 naming the first bad one). ``ids``: the job ids given."""
+    expected = fields.get("expected")
+    count = None if expected is None else ascii_int(expected, max_digits=_MAX_COUNT_DIGITS)
+    if expected is not None and count is None:
+        raise HttpError(400, "expected: not a count of jobs (ASCII digits)")
+    kind = fields.get("kind")
+    if kind == "job":
+        job_action = _job_action(fields.get("action"))
+        return ConsoleAction("job", job_action, ids=tuple(_ids(ids)), expected=count)
+    if kind == "filter":
+        job_action = _job_action(fields.get("action"))
+        return ConsoleAction("filter", job_action, where=_filter_of(fields), expected=count)
+    if kind == "queue":
+        action = _action(fields.get("action"), ("pause", "resume", "purge"))
+        queue = fields.get("queue") or ""
+        if not is_queue_name(queue):
+            raise HttpError(400, f"queue: not a queue name ({QUEUE_NAME_RULE})")
+        return ConsoleAction("queue", action, queue=queue, expected=count)
+    if kind == "held":
+        action = _action(fields.get("action"), ("redrive", "discard"))
+        selection = _held_selection(fields.get("id"), fields.get("all"))
+        if action == "discard" and selection.everything:
+            raise HttpError(400, "discard names the events one by one")
+        held_id = "" if selection.everything else (fields.get("id") or "").strip()
+        return ConsoleAction("held", action, selection=selection, held_id=held_id, expected=count)
+    raise HttpError(400, "unknown kind of action")
+
+
+def _ids(values: Sequence[str]) -> list[int]:
     ids = []
     for value in values:
-        try:
-            ids.append(parse_cursor(value.strip()))
-        except InvalidArgument:
-            raise HttpError(400, f"{value[:40]!r} is not a job id") from None
+        found = job_id(value.strip())
+        if found is None:
+            raise HttpError(400, f"{value[:40]!r} is not a job id: {JOB_ID_RULE}")
+        ids.append(found)
     if not ids:
         raise HttpError(400, "no job id given")
     return ids
@@ -344,36 +448,52 @@ def _filter_of(params: Mapping[str, str]) -> JobFilter:
     )
 
 
-async def _plan(sender: Sender, params: Mapping[str, str], rights: _Rights) -> dict[str, Any]:
+def _held_selection(event_id: str | None, everything: str | None) -> Selection:
+    if everything == "1":
+        return EVERYTHING
+    text = (event_id or "").strip()
+    # Checked here, not left to the database: a NUL or a job id past a bigint is the caller's
+    # mistake (400), not a database error.
+    if text.lower().startswith(JOB_PREFIX):
+        valid = job_id(text[len(JOB_PREFIX) :]) is not None
+    else:
+        valid = _EVENT_ID.fullmatch(text) is not None
+    if not valid:
+        raise HttpError(400, f"id: not a held event id ({HELD_ID_RULE})")
+    try:
+        return Selection.of([text])
+    except ValueError as exc:
+        raise HttpError(400, f"invalid event id: {exc}") from None
+
+
+async def _plan(sender: Sender, planned: ConsoleAction, rights: _Rights) -> dict[str, Any]:
     """What a confirmation page shows: the count it will change, and the form's fields."""
-    kind = params.get("kind")
-    if kind == "job":
-        action = _job_action(params.get("action"))
-        [job_id] = _ids([params.get("id", "")])
+    action = planned.action
+    if planned.kind == "job":
+        job_id_ = planned.ids[0]
         if action == "delete" and not await rights.can_delete(sender):
             raise PermissionDenied("jobs.delete", "this database role has no DELETE")
-        job = await sender.jobs.get(job_id)
+        job = await sender.jobs.get(job_id_)
         if job is None:
-            raise HttpError(404, f"job {job_id} does not exist")
-        count = 1 if job.state in ACTION_STATES[action] else 0
+            raise HttpError(404, f"job {job_id_} does not exist")
+        count = 1 if job.state in ACTION_STATES[_job_action(action)] else 0
         return {
-            "kind": kind,
+            "kind": planned.kind,
             "action": action,
             "verb": VERBS[action],
             "noun": "job",
             "count": count,
-            "scope": f"job {job_id} ({job.queue}, {job.state})",
+            "scope": f"job {job_id_} ({job.queue}, {job.state})",
             "note": None if count else f"The job is {job.state}: {action} does not apply.",
-            "fields": [("id", str(job_id))],
+            "fields": [("id", str(job_id_))],
             "danger": action in ("delete", "cancel"),
-            "back": f"/console/jobs/{job_id}",
+            "back": f"/console/jobs/{job_id_}",
         }
-    if kind == "filter":
-        action = _job_action(params.get("action"))
+    if planned.kind == "filter" and planned.where is not None:
+        where = planned.where
         if action == "delete" and not await rights.can_delete(sender):
             raise PermissionDenied("jobs.delete", "this database role has no DELETE")
-        where = _filter_of(params)
-        count = (await sender.jobs.act_where(action, where, dry_run=True)).changed
+        count = (await sender.jobs.act_where(_job_action(action), where, dry_run=True)).changed
         bounds = "".join(
             f", created {word} {value}"
             for word, value in (("from", where.since), ("before", where.until))
@@ -381,7 +501,7 @@ async def _plan(sender: Sender, params: Mapping[str, str], rights: _Rights) -> d
         )
         shown = f"every {where.state + ' ' if where.state else ''}job of queue {where.queue}"
         return {
-            "kind": kind,
+            "kind": planned.kind,
             "action": action,
             "verb": VERBS[action],
             "noun": "job",
@@ -394,107 +514,88 @@ async def _plan(sender: Sender, params: Mapping[str, str], rights: _Rights) -> d
             "back": "/console/jobs?"
             + urlencode({"queue": where.queue, "state": where.state or ""}),
         }
-    if kind == "queue":
-        action_name = _action(params.get("action"), ("pause", "resume", "purge"))
-        queue = params.get("queue") or ""
-        if action_name == "purge" and not await rights.can_delete(sender):
+    if planned.kind == "queue":
+        queue = planned.queue
+        if action == "purge" and not await rights.can_delete(sender):
             raise PermissionDenied("queues.purge", "this database role has no DELETE")
-        if action_name == "purge":
-            where = JobFilter(queue=queue)
-            count = await sender.jobs.count_waiting(where)
+        if action == "purge":
+            count = await sender.jobs.count_waiting(JobFilter(queue=queue))
             noun = "waiting job"
         else:
             count, noun = 1, "queue"
         return {
-            "kind": kind,
-            "action": action_name,
-            "verb": VERBS["resume_queue" if action_name == "resume" else action_name],
+            "kind": planned.kind,
+            "action": action,
+            "verb": VERBS["resume_queue" if action == "resume" else action],
             "noun": noun,
             "count": count,
             "scope": f"queue {queue}",
             "note": "Running jobs finish; sends are still accepted and cron keeps enqueueing."
-            if action_name == "pause"
+            if action == "pause"
             else None,
             "fields": [("queue", queue)],
-            "danger": action_name == "purge",
+            "danger": action == "purge",
             "back": "/console/",
         }
-    if kind == "held":
-        action_name = _action(params.get("action"), ("redrive", "discard"))
-        selection = _held_selection(params.get("id"), params.get("all"))
-        if action_name == "discard" and selection.everything:
-            raise HttpError(400, "discard names the events one by one")
+    if planned.kind == "held":
+        selection = planned.selection
         store = HeldStore(sender)
         count = (
             len(await store.listing(selection)) if not selection.everything else await store.count()
         )
         return {
-            "kind": kind,
-            "action": action_name,
-            "verb": VERBS[action_name],
+            "kind": planned.kind,
+            "action": action,
+            "verb": VERBS[action],
             "noun": "held event",
             "count": count,
-            "scope": "every held event" if selection.everything else f"event {params.get('id')}",
+            "scope": "every held event" if selection.everything else f"event {planned.held_id}",
             "note": "A discarded event is never delivered to the hub."
-            if action_name == "discard"
+            if action == "discard"
             else "The events go back to the usage queue, due now.",
-            "fields": [("all", "1")] if selection.everything else [("id", params.get("id", ""))],
-            "danger": action_name == "discard",
+            "fields": [("all", "1")] if selection.everything else [("id", planned.held_id)],
+            "danger": action == "discard",
             "back": "/console/held",
         }
     raise HttpError(400, "unknown kind of action")
 
 
-def _held_selection(event_id: str | None, everything: str | None) -> Selection:
-    if everything == "1":
-        return EVERYTHING
-    try:
-        return Selection.of([event_id or ""])
-    except ValueError as exc:
-        raise HttpError(400, f"invalid event id: {exc}") from None
-
-
-async def _perform(sender: Sender, form: dict[str, str], actor: Actor) -> tuple[str, str, int]:
-    """Do the confirmed action; (message, back link, how many changed)."""
-    kind = form.get("kind")
-    if kind == "job":
-        action = _job_action(form.get("action"))
-        ids = _ids(form["_ids"].split(",") if form.get("_ids") else [])
-        result = await sender.jobs.as_actor(actor).act(action, ids)
+async def _perform(sender: Sender, planned: ConsoleAction, actor: Actor) -> tuple[str, str, int]:
+    """Do the confirmed (and checked) action; (message, back link, how many changed)."""
+    action = planned.action
+    if planned.kind == "job":
+        ids = list(planned.ids)
+        result = await sender.jobs.as_actor(actor).act(_job_action(action), ids)
         return (
             f"{action}: {result.changed} job(s) changed.",
             f"/console/jobs/{ids[0]}",
             result.changed,
         )
-    if kind == "filter":
-        action = _job_action(form.get("action"))
-        where = _filter_of(form)
-        result = await sender.jobs.as_actor(actor).act_where(action, where, dry_run=False)
+    if planned.kind == "filter" and planned.where is not None:
+        where = planned.where
+        result = await sender.jobs.as_actor(actor).act_where(
+            _job_action(action), where, dry_run=False
+        )
         back = "/console/jobs?" + urlencode({"queue": where.queue, "state": where.state or ""})
         return f"{action}: {result.changed} job(s) changed.", back, result.changed
-    if kind == "queue":
-        action_name = _action(form.get("action"), ("pause", "resume", "purge"))
-        queue = form.get("queue") or ""
+    if planned.kind == "queue":
+        queue = planned.queue
         api = sender.queues.as_actor(actor)
-        if action_name == "purge":
+        if action == "purge":
             n = await api.purge(queue)
             return f"purged {n} waiting job(s) of {queue}.", "/console/", n
-        changed = await (api.pause(queue) if action_name == "pause" else api.resume(queue))
-        word = "paused" if action_name == "pause" else "resumed"
+        changed = await (api.pause(queue) if action == "pause" else api.resume(queue))
+        word = "paused" if action == "pause" else "resumed"
         return (
             f"{queue} {word}." if changed else f"{queue} was already {word}.",
             "/console/",
             int(changed),
         )
-    if kind == "held":
-        action_name = _action(form.get("action"), ("redrive", "discard"))
-        selection = _held_selection(form.get("id"), form.get("all"))
+    if planned.kind == "held":
         store = HeldStore(sender)
-        if action_name == "redrive":
-            done = await store.redrive(selection, actor)
+        if action == "redrive":
+            done = await store.redrive(planned.selection, actor)
         else:
-            if selection.everything:
-                raise HttpError(400, "discard names the events one by one")
-            done = await store.discard(selection, actor)
-        return f"{action_name}: {len(done)} event(s).", "/console/held", len(done)
+            done = await store.discard(planned.selection, actor)
+        return f"{action}: {len(done)} event(s).", "/console/held", len(done)
     raise HttpError(400, "unknown kind of action")

@@ -14,8 +14,12 @@ import time
 
 from starlette.requests import Request
 
+from ..inputs import ascii_int, same_secret
+
 #: How long a form's token stays valid (seconds).
 TOKEN_LIFETIME = 2 * 3600
+#: A stamp is Unix seconds: ten digits until the year 2286, twelve is plenty.
+_MAX_STAMP_DIGITS = 12
 
 
 class Csrf:
@@ -36,16 +40,18 @@ class Csrf:
         return f"{stamp}.{self._sign(stamp)}"
 
     def valid(self, token: str, now: float | None = None) -> bool:
-        """Whether ``token`` was issued here within its lifetime."""
+        """Whether ``token`` was issued here within its lifetime. A token of any other shape
+        (Unicode digits, non-ASCII text, a 5,000-digit stamp) is just not valid."""
         if self._key is None:
             return False
         stamp, _, signature = token.partition(".")
-        if not stamp.isdigit() or not signature:
+        issued = ascii_int(stamp, max_digits=_MAX_STAMP_DIGITS)
+        if issued is None or not signature:
             return False
-        age = (now if now is not None else time.time()) - int(stamp)
+        age = (now if now is not None else time.time()) - issued
         if not 0 <= age <= TOKEN_LIFETIME:
             return False
-        return hmac.compare_digest(signature, self._sign(stamp))
+        return same_secret(signature, self._sign(stamp))
 
     def same_origin(self, request: Request) -> bool:
         """Whether the POST's Origin (or, lacking one, its Referer) is the console's own origin

@@ -16,6 +16,11 @@ from ...queue_report import queue_report
 
 #: Every queue by name, for the console's filter form.
 _QUEUE_NAMES = Query("queue_names", "SELECT name FROM {s}.queue ORDER BY name")
+#: The size of jobs' data, as a redacted job shows it (section 10: ``octet_length(data::text)``).
+_DATA_BYTES = Query(
+    "data_bytes",
+    "SELECT id, octet_length(data::text) AS bytes FROM {s}.job WHERE id = ANY(:ids::bigint[])",
+)
 
 
 async def queues_document(pool: asyncpg.Pool, schema: str) -> list[dict[str, Any]]:
@@ -28,6 +33,14 @@ async def queue_names(pool: asyncpg.Pool, schema: str) -> list[str]:
     """Every installed queue's name, for the filter form (no counting)."""
     rows = await db.fetch(pool, _QUEUE_NAMES.render(schema))
     return [row["name"] for row in rows]
+
+
+async def data_sizes(pool: asyncpg.Pool, schema: str, job_ids: list[int]) -> dict[int, int]:
+    """The size in bytes of each of these jobs' data, by job id (a job gone meanwhile: absent)."""
+    if not job_ids:
+        return {}
+    rows = await db.fetch(pool, _DATA_BYTES.render(schema), ids=job_ids)
+    return {row["id"]: row["bytes"] for row in rows}
 
 
 @dataclass(frozen=True, slots=True)
