@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlencode
 
@@ -340,6 +340,19 @@ async def _read_form(request: Request, timeout: float) -> dict[str, str] | None:
     return out
 
 
+def _instant(value: Any) -> datetime | Any:
+    """An event's RFC 3339 ``occurred_at`` as a UTC instant (shown like every other time on the
+    page), or the value as it is when it is not one."""
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        if parsed.tzinfo is not None:
+            return parsed.astimezone(UTC)
+    return value
+
+
 def held_view(row: HeldRow, *, show_data: bool, sizes: Mapping[int, int]) -> dict[str, Any]:
     """What the held page shows of one event. Its id, status, hold reason and due time are the
     operator's to see; its body (meter, workspace, quantity, when it occurred, dimensions) is
@@ -359,7 +372,7 @@ def held_view(row: HeldRow, *, show_data: bool, sizes: Mapping[int, int]) -> dic
         "meter": body.get("meter"),
         "workspace_id": body.get("workspace_id"),
         "quantity": body.get("quantity"),
-        "occurred_at": body.get("occurred_at"),
+        "occurred_at": _instant(body.get("occurred_at")),
         "dimensions": json.dumps(dimensions, ensure_ascii=False) if dimensions else None,
     }
 
