@@ -83,7 +83,7 @@ def _port_of(host: str) -> str:
 def _check_port(port: str) -> None:
     if port == "":
         return
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
         raise ValueError("has a port that is not a number from 1 to 65535")
 
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import hmac
 import re
 
+from api_sender.jobs import decimal_id
+
 #: ASCII digits only (``re``'s ``\d`` would take every Unicode digit).
 _ASCII_DIGITS = re.compile(r"[0-9]+")
 #: The queue.name CHECK of migrations/0001_queue.sql: a name that fails it cannot be a queue.
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}")
-#: The largest job id (a bigint).
-MAX_JOB_ID = 2**63 - 1
-#: A bigint has at most 19 digits; a few leading zeros more are still read.
-_MAX_ID_DIGITS = 24
 #: What an error says a job id is.
 JOB_ID_RULE = "a job id is a positive integer of ASCII digits below 2^63"
 QUEUE_NAME_RULE = (
@@ -41,9 +39,9 @@ def ascii_int(text: str, *, max_digits: int) -> int | None:
 
 
 def job_id(text: str) -> int | None:
-    """The job id ``text`` names (1 to 2^63 - 1 in ASCII digits), else ``None``."""
-    value = ascii_int(text, max_digits=_MAX_ID_DIGITS)
-    return value if value is not None and 0 < value <= MAX_JOB_ID else None
+    """The job id ``text`` names (1 to 2^63 - 1 in ASCII digits), else ``None``: the same rule
+    as every other surface's (:func:`api_sender.jobs.decimal_id`)."""
+    return decimal_id(text)
 
 
 def is_queue_name(text: str) -> bool:

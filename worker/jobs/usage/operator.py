@@ -11,6 +11,7 @@ from typing import Any, Literal
 import asyncpg
 
 from api_sender import USAGE_HELD_QUEUE, USAGE_QUEUE, Actor, Sender
+from api_sender.jobs import decimal_id
 
 from ...db import statements as db
 from .holds import hold_reason
@@ -36,10 +37,10 @@ class Selection:
         for token in tokens:
             text = token.strip()
             if text.lower().startswith(JOB_PREFIX):
-                number = text[len(JOB_PREFIX) :]
-                if not number.isdigit():
-                    raise ValueError(f"{token!r} is not job:<number>")
-                jobs.append(int(number))
+                number = decimal_id(text[len(JOB_PREFIX) :])
+                if number is None:
+                    raise ValueError(f"{token!r} is not job:<id> (an id of ASCII digits)")
+                jobs.append(number)
             elif text:
                 events.append(text.upper())
             else:
