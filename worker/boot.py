@@ -14,7 +14,13 @@ from api_sender import Sender
 from api_sender.query import Rendered
 
 from .db import statements as db
-from .db.connections import TRANSIENT_ERRORS, backoff_delay, check_pool_fits, open_pool
+from .db.connections import (
+    RETRYABLE_ERRORS,
+    TRANSIENT_ERRORS,
+    backoff_delay,
+    check_pool_fits,
+    open_pool,
+)
 from .db.embedded import start_embedded
 from .db.migrations import SchemaMismatch, latest_version
 from .declarations import JobDeclaration
@@ -163,18 +169,23 @@ async def _until_reachable(
     attempt_once: Callable[[], Awaitable[T]], event: str, state: ServiceState
 ) -> T:
     """Run ``attempt_once`` until it gets through, backing off while the database is
-    unreachable (not ready, no crash loop). A URL asyncpg refuses is configuration: exit 2."""
+    unreachable or gives up on a statement a retry may pass (cancelled by statement_timeout, a
+    deadlock): not ready, no crash loop. A URL asyncpg refuses is configuration: exit 2."""
     attempt = 0
     while True:
         try:
             return await attempt_once()
         except asyncpg.ClientConfigurationError as exc:
             raise ConfigError(f"invalid configuration: DATABASE_URL: {exc}") from None
-        except TRANSIENT_ERRORS as exc:
-            state.set_reason("database unreachable")
+        except RETRYABLE_ERRORS as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, TRANSIENT_ERRORS):
+                state.set_reason("database unreachable")
+            else:
+                state.set_reason(f"database refused a start-up statement: {error}")
             delay = backoff_delay(attempt)
             attempt += 1
-            log.warning(event, error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
+            log.warning(event, error=error, retry_in=round(delay, 2))
             await anyio.sleep(delay)
 
 
@@ -192,7 +203,11 @@ async def _connect_pool(settings: Settings, url: str, state: ServiceState) -> as
         # Behind a transaction pooler (statement cache 0, contract section 12) the pool's
         # connections are the pooler's, not the server's: its limits do not apply.
         if settings.database_statement_cache_size:
-            await check_pool_fits(pool, settings.database_pool_size, settings.is_worker)
+            await _until_reachable(
+                lambda: check_pool_fits(pool, settings.database_pool_size, settings.is_worker),
+                "db.check_retry",
+                state,
+            )
         fits = True
     finally:
         if not fits:
@@ -211,14 +226,26 @@ async def _serve_worker(
     stop: StopRequest,
 ) -> None:
     runtime = WorkerRuntime(settings, session_url(settings, url), pool, sender, jobs)
+    # Readiness follows the runtime from here: until its listener first connects, which may
+    # take long (the database refusing its set-up; the process waits, retrying), /readyz gives
+    # the runtime's reason, with the error (runtime.check).
+    state.checks.append(runtime.check)
+    state.set_reason(None)
     async with anyio.create_task_group() as tg:
-        await tg.start(runtime.run)
-        state.checks.append(runtime.check)
-        state.set_reason(None)
-        log.info("worker.ready", worker_id=str(runtime.owner))
-        await stop.requested.wait()
-        state.set_reason("stopping")
-        await runtime.shutdown(settings.shutdown_grace_seconds)
+
+        async def start() -> bool:
+            await tg.start(runtime.run)
+            return True
+
+        # A stop before the listener first connects ends the wait (and the runtime, which has
+        # claimed nothing yet) at once.
+        if await _unless_stopped(stop, tg, start):
+            log.info("worker.ready", worker_id=str(runtime.owner))
+            await stop.requested.wait()
+            state.set_reason("stopping")
+            await runtime.shutdown(settings.shutdown_grace_seconds)
+        else:
+            state.set_reason("stopping")
         tg.cancel_scope.cancel()
 
 

@@ -29,6 +29,11 @@ from .waker import Waker
 
 log = structlog.get_logger("worker.listener")
 
+#: What the listener's (re)connect retries with backoff: every database error (any server
+#: answer, such as a LISTEN cancelled by statement_timeout or a refused permission) and every
+#: connection failure. Only a cancel of the listener itself (shutdown) ends its loop.
+SETUP_ERRORS: tuple[type[BaseException], ...] = (*RETRYABLE_ERRORS, asyncpg.PostgresError)
+
 
 class Dispatcher:
     """Wakes each queue's poller when its work may be due."""
@@ -48,6 +53,7 @@ class Dispatcher:
         extra_channels: Mapping[str, Callable[[str], None]] | None = None,
         availability: Availability | None = None,
         poll_through: asyncpg.Pool | None = None,
+        on_listening: Callable[[], None] | None = None,
     ) -> None:
         self._availability = availability or Availability()
         self._url = url
@@ -65,8 +71,13 @@ class Dispatcher:
         self._on_prune_due = on_prune_due
         self._min_retention = min_retention_seconds
         self._extra = dict(extra_channels or {})
+        #: Told each time LISTEN is established: notifications sent before were missed.
+        self._on_listening = on_listening
         #: True while LISTEN is established (poll mode: while the probe answers); read by /readyz.
         self.listening = False
+        #: The last error that kept the listener (or, poll mode, the probe) from working, until
+        #: it works again: the reason /readyz gives with "listener not connected".
+        self.problem: str | None = None
         #: Set the first time LISTEN is established.
         self.first_listen = anyio.Event()
         self._lost = anyio.Event()
@@ -110,14 +121,21 @@ class Dispatcher:
         while True:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await connect(
-                    self._url, server_settings={"application_name": "chassis-worker listener"}
-                )
-                self._lost = anyio.Event()
-                conn.add_termination_listener(self._on_termination)
-                for channel in (self._channel, *self._extra):
-                    await conn.add_listener(channel, self._on_notify)
+                try:
+                    conn = await self._listen()
+                except SETUP_ERRORS as exc:
+                    # Whatever the server answers to the set-up (a connection refused or lost,
+                    # a LISTEN cancelled by statement_timeout, a permission or configuration
+                    # error of the role): retried, so no setting or row makes the worker exit;
+                    # /readyz says why meanwhile (see ``problem``).
+                    event = (
+                        "listener.lost" if isinstance(exc, TRANSIENT_ERRORS) else "listener.failed"
+                    )
+                    await self._back_off(event, exc, attempt)
+                    attempt += 1
+                    continue
                 self.listening = True
+                self.problem = None
                 self.first_listen.set()
                 if attempt:
                     DB_RECONNECTS.labels("listener").inc()
@@ -125,6 +143,8 @@ class Dispatcher:
                 attempt = 0
                 # Anything sent while we were not listening is found by polling now.
                 self.wake_all()
+                if self._on_listening is not None:
+                    self._on_listening()
                 await self._probe_loop(conn)
             except TRANSIENT_ERRORS as exc:
                 await self._back_off("listener.lost", exc, attempt)
@@ -133,6 +153,22 @@ class Dispatcher:
                 self.listening = False
                 if conn is not None and not conn.is_closed():
                     conn.terminate()
+
+    async def _listen(self) -> asyncpg.Connection:
+        """A new dedicated connection listening on every channel (closed again if any step
+        fails)."""
+        conn = await connect(
+            self._url, server_settings={"application_name": "chassis-worker listener"}
+        )
+        try:
+            self._lost = anyio.Event()
+            conn.add_termination_listener(self._on_termination)
+            for channel in (self._channel, *self._extra):
+                await conn.add_listener(channel, self._on_notify)
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
 
     async def _poll_only(self, pool: asyncpg.Pool) -> None:
         """LISTEN_MODE=poll: probe through the pool every poll interval, until cancelled."""
@@ -150,12 +186,16 @@ class Dispatcher:
     async def _back_off(
         self, event: str, exc: BaseException, attempt: int, *, cap: float = 5.0
     ) -> None:
-        """The database was lost (attempt ``attempt`` in a row): not listening nor available;
-        log ``event`` and wait a jittered backoff before the next try."""
+        """The listener failed (attempt ``attempt`` in a row): not listening (and, when the
+        database was lost, not available); log ``event`` and wait a jittered backoff before the
+        next try."""
         self.listening = False
-        self._availability.lost()
+        if isinstance(exc, TRANSIENT_ERRORS):
+            self._availability.lost()
+        error = f"{type(exc).__name__}: {exc}"
+        self.problem = error
         delay = backoff_delay(attempt, cap=cap)
-        log.warning(event, error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
+        log.warning(event, error=error, retry_in=round(delay, 2))
         await anyio.sleep(delay)
 
     async def _probe_loop(self, conn: asyncpg.Connection | asyncpg.Pool) -> None:
@@ -188,6 +228,7 @@ class Dispatcher:
             assert row is not None
             if self.polls and not self.listening:
                 self.listening = True
+                self.problem = None
                 # Back after a loss: anything sent meanwhile is due now.
                 self.wake_all()
             self._availability.answered()

@@ -93,7 +93,9 @@ class Poller:
     Claimed work waits in a deque that the runners pop. The hot path costs no task switch per
     job: a runner takes the next job itself when its handler returns, and wakes one idle runner
     only while work is left over, so a handler that awaits hands the rest to the others. Each
-    runner keeps one cancel scope across jobs and moves its deadline to the job's expiry.
+    runner keeps one cancel scope across jobs and moves its deadline to the job's expiry; a scope
+    that was cancelled (an expiry, an operator's cancel, the grace) is never reused for the
+    next job.
 
     Runners start when work first finds none idle, up to ``concurrency``, and then stay: a
     worker whose handlers never await (or that is idle) holds a few tasks, not ``concurrency``
@@ -141,11 +143,14 @@ class Poller:
         self._hand_back_attempt = 0
         #: Woken when the last claim in flight lands, and when a hand-back ends.
         self._quiet = Waker()
-        self._running: set[anyio.CancelScope] = set()
-        #: The runner scope of each job whose handler runs now (per-job consumers), so an
-        #: operator's cancel can interrupt exactly that handler; and the ids so interrupted.
-        self._current: dict[int, anyio.CancelScope] = {}
-        self._cancelled: set[int] = set()
+        #: Each runner's scope now, with its expiry, which holds the job whose handler runs in
+        #: it (per-job consumers): a confirmed cancel interrupts exactly that run of the job,
+        #: and a job running twice here (cancelled, retried and claimed again while its first
+        #: handler ran on) is two runs. Per job only the expiry's ``job`` is set and cleared.
+        self._running: dict[anyio.CancelScope, _Expiry] = {}
+        #: The runs so interrupted whose handler has not ended yet, by ``id()`` of their
+        #: ClaimedJob (the job itself is the value, so that id stays its own).
+        self._cancelled: dict[int, ClaimedJob] = {}
         self._work: deque[Work] = deque()
         #: Runners waiting for work, each on its own event; ``_waking`` counts those set but
         #: not yet running, so a burst of work wakes one spare runner at a time.
@@ -197,20 +202,23 @@ class Poller:
         for scope in list(self._running):
             scope.cancel()
 
-    def running_ids(self) -> list[int]:
-        """The jobs whose handlers run now (per-job consumers), for the poll-mode cancel check."""
-        return list(self._current)
+    def running(self) -> list[ClaimedJob]:
+        """The claims whose handlers run now (per-job consumers), for the cancel check."""
+        return [expiry.job for expiry in self._running.values() if expiry.job is not None]
 
-    def interrupt(self, ids: Iterable[int]) -> list[int]:
-        """Interrupt the handlers of these jobs if they run here (an operator cancelled or
-        deleted them: their rows are final already, so nothing is written for them)."""
+    def interrupt(self, jobs: Iterable[ClaimedJob]) -> list[int]:
+        """Interrupt these runs (claims from :meth:`running`) if their handlers still run: the
+        rows say an operator cancelled or deleted them, so nothing is written for them. A run
+        is matched by identity: a newer claim of the same job, started here since, is another
+        run and is left alone."""
+        wanted = {id(job) for job in jobs}
         found = []
-        for job_id in ids:
-            scope = self._current.get(job_id)
-            if scope is not None:
-                self._cancelled.add(job_id)
-                scope.cancel()
-                found.append(job_id)
+        for expiry in list(self._running.values()):
+            job = expiry.job
+            if job is not None and id(job) in wanted:
+                self._cancelled[id(job)] = job
+                expiry.scope.cancel()
+                found.append(job.id)
         return found
 
     async def run(self) -> None:
@@ -455,7 +463,7 @@ class Poller:
             current: Work | None = None
             with anyio.CancelScope() as scope:
                 expiry = _Expiry(scope)
-                self._running.add(scope)
+                self._running[scope] = expiry
                 try:
                     while True:
                         current = None
@@ -471,8 +479,15 @@ class Poller:
                         else:
                             await self._run_one(work, expiry)
                         current = None
+                        if scope.cancel_called:
+                            # The handler ended although its scope was cancelled (its work in a
+                            # thread, say, which a cancel does not stop) and its outcome is
+                            # recorded: the cancel is still pending and would interrupt the
+                            # next job at its first await. Leave this scope; a fresh one
+                            # runs the next job.
+                            break
                 finally:
-                    self._running.discard(scope)
+                    del self._running[scope]
             if scope.cancelled_caught and current is not None:
                 self._interrupted_work(current)
 
@@ -486,8 +501,7 @@ class Poller:
         """A runner's scope was cancelled mid-run: an operator's cancel (nothing to write),
         grace exceeded (hand back) or expired."""
         jobs = work if isinstance(work, list) else [work]
-        if not isinstance(work, list) and work.id in self._cancelled:
-            self._cancelled.discard(work.id)
+        if not isinstance(work, list) and self._cancelled.pop(id(work), None) is not None:
             self._completer.dropped(work)
         elif self._interrupted:
             for job in jobs:
@@ -507,20 +521,35 @@ class Poller:
         # Every line logged while it runs names the job (see worker.logging.CURRENT_JOB).
         CURRENT_JOB.set((job.id, job.attempt))
         expiry.start(job.expire_seconds)
-        self._current[job.id] = expiry.scope
+        expiry.job = job
         try:
             await run_job(job)
-            self._completer.succeeded(job)
         except FinalFailure as exc:
-            self._completer.failed(job, exc.error, final=True)
+            self._ended(job, exc.error, final=True)
         except Exception as exc:
             # Expiry cancels the runner's scope (see _interrupted_work); a TimeoutError here is
             # the handler's own and is reported as such.
-            self._completer.failed(job, f"{type(exc).__name__}: {exc}")
+            self._ended(job, f"{type(exc).__name__}: {exc}")
+        else:
+            if self._cancelled:
+                self._ended(job, None)
+            else:
+                self._completer.succeeded(job)
         finally:
-            del self._current[job.id]
+            expiry.job = None
             self._duration.observe(time.perf_counter() - started)
         self._done(job)
+
+    def _ended(self, job: ClaimedJob, error: str | None, *, final: bool = False) -> None:
+        """Record the outcome of ``job``'s handler, which returned (``error`` None) or raised."""
+        if self._cancelled.pop(id(job), None) is not None:
+            # Interrupted, yet the handler ended without seeing it (it never awaited again, or
+            # swallowed the cancel): its row is final already, so nothing is written for it.
+            self._completer.dropped(job)
+        elif error is None:
+            self._completer.succeeded(job)
+        else:
+            self._completer.failed(job, error, final=final)
 
     async def _run_batch(self, jobs: list[ClaimedJob], expiry: _Expiry) -> None:
         run_batch = self.consumer.run_batch
@@ -557,10 +586,12 @@ class _Expiry:
     waits for work, the scope ends with no job in hand and the runner opens a new one.
     """
 
-    __slots__ = ("_offset", "scope")
+    __slots__ = ("_offset", "job", "scope")
 
     def __init__(self, scope: anyio.CancelScope) -> None:
         self.scope = scope
+        #: The job whose handler runs in this scope now (per-job consumers), else None.
+        self.job: ClaimedJob | None = None
         self._offset = anyio.current_time() - time.monotonic()
 
     def start(self, seconds: float) -> None:

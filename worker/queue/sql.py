@@ -325,11 +325,24 @@ SELECT id, state::text AS state FROM {s}.job WHERE id = ANY(:ids::bigint[])
 """
 
 CANCELLED_AMONG = """
--- cancelled among: which of this process's running jobs (ids) an operator cancelled or deleted,
--- by primary key. LISTEN_MODE=poll only (no cancel NOTIFY reaches it), and only while it runs
--- jobs: one read per poll interval.
-SELECT r.id FROM unnest(:ids::bigint[]) AS r (id)
-WHERE NOT EXISTS (SELECT 1 FROM {s}.job j WHERE j.id = r.id AND j.state <> 'cancelled')
+-- cancelled among: which of this process's running claims (ids, attempts, claim instants) an
+-- operator cancelled or deleted. A cancel NOTIFY only hints at this: anyone may send one, and one
+-- sent for an earlier claim may arrive after the job was retried and claimed again. A row that is
+-- gone was deleted (no outcome of any claim can be written to it). A cancelled row counts for a
+-- claim only if no claim came after it: the attempt is the claim's (every claim moves it), and
+-- the row still names this owner and the claim's instant (what a cancel leaves), or no claim at
+-- all (retried or resumed since, then cancelled again: locked_by and started_at cleared). By
+-- primary key (job_pkey), one probe per running job, after a cancel hint or every poll interval
+-- with LISTEN_MODE=poll, and only while jobs run: never on the hot path.
+SELECT r.id, r.attempt, r.claim
+FROM unnest(:ids::bigint[], :attempts::int[], :claims::bytea[]) AS r (id, attempt, claim)
+WHERE NOT EXISTS (
+    SELECT 1 FROM {s}.job j
+    WHERE j.id = r.id
+      AND NOT (j.state = 'cancelled' AND j.attempt = r.attempt
+               AND (j.started_at IS NULL AND j.locked_by IS NULL
+                    OR j.locked_by IS NOT DISTINCT FROM :owner::uuid
+                       AND timestamptz_send(j.started_at) IS NOT DISTINCT FROM r.claim)))
 """
 
 HEARTBEAT = """
