@@ -1,10 +1,22 @@
 -- chassis-worker: least-privilege database roles.
 --
 --   api role     (SERVICE_ROLE=api, and apps using api_sender): enqueue, and cancel, resume,
---                retry and pause (contract section 10). CONNECT, USAGE on the queue schema,
---                SELECT/INSERT/UPDATE on its tables and USAGE on its sequences, current and
---                future; INSERT on public.audit_log. No CREATE anywhere, no DELETE (so no job
---                delete or queue purge), no TRUNCATE, no DDL.
+--                retry and pause (contract section 10). CONNECT, USAGE on the queue schema, and
+--                per table, per column where it writes, exactly what its code paths need (the
+--                `decided` list of grant_api_role below gives each table's decision and why):
+--                it reads the queue and job tables and sends through the functions of
+--                migrations 0007/0008 (EXECUTE; SECURITY INVOKER, so they add no power), which
+--                insert a job's send columns; it updates a job's state, times, fence, retry limit
+--                and output (the actions, timers, held redrive and discard) and a queue's
+--                `paused` (and its updated_at), never a queue's policy, retry or dead-letter
+--                columns; it writes the job_count counters (their triggers run as whoever
+--                updates job) and the console's per-minute tally, reads the purge runs, and
+--                reads the install state and the schedules only through the views install_state
+--                and queue_schedule (migration 0009); INSERT on public.audit_log's columns but
+--                its id and created_at. Nothing on schema_migration, install, schedule, worker; no
+--                CREATE anywhere, no DELETE (so no job delete or queue purge), no TRUNCATE, no
+--                DDL, and no default privileges: a table added later gets nothing until this
+--                file has a decision for it.
 --   worker role  (SERVICE_ROLE=worker|all, `chassis-worker migrate`, `held`, `queues`): runs the
 --                install and the purges. Owner of the queue schema and of everything in it,
 --                CREATE on the database and on schema public (the migrations create the chassis
@@ -27,11 +39,15 @@
 --   jobs_schema      [jobs]            the daemons' JOBS_SCHEMA
 --   dbname           [current]         the database to set up; psql reconnects to it when given
 --
--- Idempotent: run it again at any time, and after every upgrade (a new migration's tables get the
--- api grants through default privileges already; a re-run also hands the worker role anything a
--- superuser created in the queue schema). Roles are cluster-wide: the same two roles may serve
--- several databases, one run per database. On PostgreSQL 14 and older, PUBLIC may CREATE in
--- schema public unless you revoked it; this file does not touch PUBLIC's rights.
+-- Idempotent: run it again at any time, and after every upgrade (a re-run brings the api role's
+-- rights to this file's decisions, taking back what an older release granted, and hands the
+-- worker role anything a superuser created in the queue schema). It may run before the first
+-- install: it leaves the function grant_api_role in the queue schema, which every install calls
+-- after its migrations, so the tables an install creates get their grants at once. Roles are
+-- cluster-wide: the same two roles may serve several databases, one run per database. On
+-- PostgreSQL 14 and older, PUBLIC may CREATE in schema public unless you revoked it; this file
+-- does not touch PUBLIC's rights (the queue schema's functions pin their search_path, migration
+-- 0009, so nothing planted in public runs inside them).
 
 \set ON_ERROR_STOP on
 
@@ -78,7 +94,7 @@ GRANT CREATE ON DATABASE :"dbname" TO :"worker_role";
 REVOKE CREATE ON DATABASE :"dbname" FROM :"api_role";
 
 -- The queue schema, created here when absent so it belongs to the worker role from the start
--- and the default privileges below can name it before the first install.
+-- and grant_api_role (below) can live in it before the first install.
 SELECT format('CREATE SCHEMA %I AUTHORIZATION %I', :'jobs_schema', :'worker_role')
 WHERE NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = :'jobs_schema') \gexec
 
@@ -86,6 +102,202 @@ WHERE NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = :'jobs_schema') \gexe
 SET chassis.jobs_schema TO :'jobs_schema';
 SET chassis.worker_role TO :'worker_role';
 SET chassis.api_role TO :'api_role';
+
+-- The api role's rights, as a function the install can run. It lives in the queue schema, owned
+-- by the worker role (below), and runs as its caller (SECURITY INVOKER): the worker role's
+-- install calls it after every migration run (worker/install.py), which is how the tables an
+-- install creates after this file ran get their grants without default privileges; this file
+-- calls it at its end. Nobody else may execute it.
+--
+-- For every table, view and sequence of the queue schema and the chassis tables of public it
+-- compares the api role's privileges with `decided` and, only where they differ, revokes all of
+-- them and grants the decided ones (so a boot that finds them right writes nothing, and a
+-- database an older release set up loses what it no longer needs). A relation the caller does
+-- not own (an app's audit_log, seen by the worker role) is left to a run of this file as a
+-- superuser. A table or view with no entry in `decided` gets nothing, with a warning: adding a
+-- table means adding its decision here (tests/deploy/test_roles.py holds the same list and
+-- fails on a table that has none). A sequence gets USAGE when it feeds a serial column the api
+-- role may insert (an identity column, as every chassis id is, needs no right on its sequence).
+-- EXECUTE goes to every SECURITY INVOKER function of the queue schema (they run with the
+-- caller's rights, so EXECUTE adds no power); a SECURITY DEFINER one would need a decision.
+DO $grants$
+DECLARE
+    body text;
+BEGIN
+body := $sql$
+CREATE OR REPLACE FUNCTION @s@.grant_api_role() RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    schema_name CONSTANT text := @schema_literal@;
+    api_name    CONSTANT text := @api_literal@;
+    -- Per relation (a name of the queue schema, or public.<name>), per privilege: true for the
+    -- whole relation, or the columns it covers; {} for nothing at all.
+    decided CONSTANT jsonb := jsonb_build_object(
+        -- Sends read a queue's policy and retry defaults (the functions read the whole row);
+        -- queues.pause/resume write the flag and its updated_at. Never the policy, retry,
+        -- expiry, retention or dead-letter columns: no role that enqueues may decide whether
+        -- a usage event is retried or dead-lettered.
+        'queue', '{"SELECT": true, "UPDATE": ["paused", "updated_at"]}'::jsonb,
+        -- Sends insert waiting jobs: the state, attempt, fence and times take their defaults.
+        -- cancel, resume, retry, the timers' replace and cancel, and the held redrive and
+        -- discard update a job's state, times, fence (locked_by cleared), retry limit (one
+        -- more attempt) and output (who discarded). The admin API and the console read jobs.
+        'job', '{"SELECT": true,
+                 "INSERT": ["queue", "policy", "data", "priority", "singleton_key", "is_timer",
+                            "retry_limit", "retry_delay", "retry_backoff", "expire_seconds",
+                            "start_after"],
+                 "UPDATE": ["state", "start_after", "started_at", "completed_at", "locked_by",
+                            "retry_limit", "output"]}'::jsonb,
+        -- The counters of migration 0005: their triggers run with the rights of whoever
+        -- updates job (an action, a timer cancel); the queues document reads them.
+        'job_count', '{"SELECT": true, "INSERT": true, "UPDATE": ["n"]}'::jsonb,
+        -- The console tallies the chart's minutes itself when no worker has lately.
+        'job_minute', '{"SELECT": true, "INSERT": true, "UPDATE": ["completed", "failed"]}'::jsonb,
+        -- The queues document shows each purge queue's last run.
+        'purge_run', '{"SELECT": true}'::jsonb,
+        -- Views of migration 0009, read with their owner's rights: the api process's readiness
+        -- (newest migration, install done) and the queues document's cron and last run.
+        'install_state', '{"SELECT": true}'::jsonb,
+        'queue_schedule', '{"SELECT": true}'::jsonb,
+        -- The install's and the workers' own: a row here could stop every migrate, fire or
+        -- silence a schedule, or fake a live worker.
+        'schema_migration', '{}'::jsonb,
+        'install', '{}'::jsonb,
+        'schedule', '{}'::jsonb,
+        'worker', '{}'::jsonb,
+        -- Each job and queue action writes one audit row in its own statement: the row's own
+        -- columns, not its id or created_at (no backdated row for the audit purge to take), and
+        -- no SELECT (it can neither read nor change the log).
+        'public.audit_log', '{"INSERT": ["workspace_id", "actor_via", "principal", "action",
+                                         "resource_type", "resource_id", "metadata"]}'::jsonb,
+        -- The app's tables the purges clean: nothing.
+        'public.user', '{}'::jsonb,
+        'public.session', '{}'::jsonb,
+        'public.account', '{}'::jsonb,
+        'public.workspace_members', '{}'::jsonb,
+        'public.invitations', '{}'::jsonb,
+        'public.instance_settings', '{}'::jsonb,
+        'public.api_keys', '{}'::jsonb,
+        'public.idempotency_keys', '{}'::jsonb);
+    api  oid := (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = api_name);
+    ns   oid := (SELECT n.oid FROM pg_namespace AS n WHERE n.nspname = schema_name);
+    r    record;
+    p    record;
+    want text[];
+    have text[];
+    cols text;
+BEGIN
+    IF api IS NULL OR ns IS NULL THEN
+        RAISE WARNING 'grant_api_role: role % or schema % does not exist; nothing granted',
+            quote_ident(api_name), quote_ident(schema_name);
+        RETURN;
+    END IF;
+    FOR r IN
+        SELECT c.oid, c.oid::regclass AS rel, c.relkind, c.relowner, c.relacl,
+               CASE WHEN c.relnamespace = ns THEN c.relname ELSE 'public.' || c.relname END AS key,
+               d.deptype AS fed_by, t.oid AS fed, d.refobjsubid AS fed_column,
+               CASE WHEN t.relnamespace = ns THEN t.relname ELSE 'public.' || t.relname END
+                   AS fed_key
+        FROM pg_class AS c
+        -- A sequence's table and column: serial ('a') or identity ('i').
+        LEFT JOIN pg_depend AS d
+               ON c.relkind = 'S' AND d.classid = 'pg_class'::regclass AND d.objid = c.oid
+              AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')
+        LEFT JOIN pg_class AS t ON t.oid = d.refobjid
+        WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+          AND (c.relnamespace = ns
+               OR (c.relnamespace = 'public'::regnamespace
+                   AND (decided ? ('public.' || c.relname)
+                        OR (t.relnamespace = 'public'::regnamespace
+                            AND decided ? ('public.' || t.relname)))))
+        ORDER BY c.oid
+    LOOP
+        IF r.relkind = 'S' THEN
+            SELECT CASE WHEN r.fed_by = 'a'
+                         AND (i.ins = 'true'::jsonb OR (jsonb_typeof(i.ins) = 'array'
+                                                        AND i.ins ? a.attname))
+                        THEN '{USAGE}'::text[] ELSE '{}'::text[] END
+            INTO want
+            FROM (SELECT decided -> r.fed_key -> 'INSERT' AS ins) AS i
+            LEFT JOIN pg_attribute AS a ON a.attrelid = r.fed AND a.attnum = r.fed_column;
+        ELSE
+            IF NOT decided ? r.key THEN
+                RAISE WARNING 'grant_api_role: no decision for % in config/roles.sql', r.rel
+                    USING DETAIL = 'The api role gets nothing on it.';
+            END IF;
+            SELECT COALESCE(array_agg(DISTINCT w.g ORDER BY w.g), '{}') INTO want FROM (
+                SELECT e.key AS g FROM jsonb_each(decided -> r.key) AS e
+                WHERE e.value = 'true'::jsonb
+                UNION ALL
+                SELECT e.key || '(' || a.attname || ')'
+                FROM jsonb_each(decided -> r.key) AS e
+                JOIN pg_attribute AS a
+                  ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+                 AND jsonb_typeof(e.value) = 'array' AND e.value ? a.attname) AS w;
+        END IF;
+        SELECT COALESCE(array_agg(DISTINCT h.g ORDER BY h.g), '{}') INTO have FROM (
+            SELECT x.privilege_type AS g FROM aclexplode(r.relacl) AS x WHERE x.grantee = api
+            UNION ALL
+            SELECT x.privilege_type || '(' || a.attname || ')'
+            FROM pg_attribute AS a CROSS JOIN LATERAL aclexplode(a.attacl) AS x
+            WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+              AND x.grantee = api) AS h;
+        CONTINUE WHEN want = have;
+        IF NOT pg_has_role(current_user, r.relowner, 'USAGE') THEN
+            RAISE NOTICE 'grant_api_role: % belongs to %, not to %', r.rel,
+                    pg_get_userbyid(r.relowner), current_user
+                USING HINT = 'Run config/roles.sql as a superuser to set the api role''s rights.';
+            CONTINUE;
+        END IF;
+        -- Revoking a table's privileges revokes its column privileges too.
+        EXECUTE format('REVOKE ALL ON %s %s FROM %I',
+                       CASE WHEN r.relkind = 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, r.rel, api_name);
+        IF r.relkind = 'S' THEN
+            IF cardinality(want) > 0 THEN
+                EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', r.rel, api_name);
+            END IF;
+            CONTINUE;
+        END IF;
+        FOR p IN SELECT e.key AS privilege, e.value FROM jsonb_each(decided -> r.key) AS e LOOP
+            IF p.value = 'true'::jsonb THEN
+                EXECUTE format('GRANT %s ON TABLE %s TO %I', p.privilege, r.rel, api_name);
+                CONTINUE;
+            END IF;
+            SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols
+            FROM pg_attribute AS a
+            WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+              AND p.value ? a.attname;
+            IF cols IS NOT NULL THEN
+                EXECUTE format('GRANT %s (%s) ON TABLE %s TO %I', p.privilege, cols, r.rel,
+                               api_name);
+            END IF;
+        END LOOP;
+    END LOOP;
+    FOR p IN
+        SELECT f.oid::regprocedure AS routine, f.prosecdef FROM pg_proc AS f
+        WHERE f.pronamespace = ns AND f.prokind IN ('f', 'p')
+          AND NOT (f.proname = 'grant_api_role' AND f.pronargs = 0)
+          AND pg_has_role(current_user, f.proowner, 'USAGE')
+          AND NOT EXISTS (SELECT FROM aclexplode(f.proacl) AS x
+                          WHERE x.grantee = api AND x.privilege_type = 'EXECUTE')
+        ORDER BY f.oid
+    LOOP
+        IF p.prosecdef THEN
+            RAISE WARNING 'grant_api_role: % is SECURITY DEFINER', p.routine
+                USING DETAIL = 'config/roles.sql has no decision for it: no EXECUTE for the api role.';
+            CONTINUE;
+        END IF;
+        EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', p.routine, api_name);
+    END LOOP;
+END
+$fn$;
+$sql$;
+    body := replace(body, '@schema_literal@', quote_literal(current_setting('chassis.jobs_schema')));
+    body := replace(body, '@api_literal@', quote_literal(current_setting('chassis.api_role')));
+    body := replace(body, '@s@', quote_ident(current_setting('chassis.jobs_schema')));
+    EXECUTE body;
+END
+$grants$;
 
 -- Hand the schema and everything in it to the worker role: a database migrated by a superuser
 -- before the roles existed keeps working, and later migrations (run as the worker) may alter it.
@@ -141,41 +353,30 @@ BEGIN
 END
 $roles$;
 
--- The api role: enqueue into the queue schema, nothing more. Default privileges cover the tables
--- a later install or migration creates (as the worker role) without a re-run of this file.
+-- The api role in the queue schema: USAGE, no CREATE, and the decided grants (grant_api_role,
+-- run at the end of this file). Default privileges that an older release gave it on whatever
+-- the worker role creates there are taken back: a table must have a decision first.
 GRANT USAGE ON SCHEMA :"jobs_schema" TO :"api_role";
 REVOKE CREATE ON SCHEMA :"jobs_schema" FROM :"api_role";
-GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA :"jobs_schema" TO :"api_role";
-REVOKE DELETE, TRUNCATE, REFERENCES, TRIGGER ON ALL TABLES IN SCHEMA :"jobs_schema"
-    FROM :"api_role";
-GRANT USAGE ON ALL SEQUENCES IN SCHEMA :"jobs_schema" TO :"api_role";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"worker_role" IN SCHEMA :"jobs_schema"
-    GRANT SELECT, INSERT, UPDATE ON TABLES TO :"api_role";
+    REVOKE ALL ON TABLES FROM :"api_role";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"worker_role" IN SCHEMA :"jobs_schema"
-    GRANT USAGE ON SEQUENCES TO :"api_role";
--- The enqueue functions of migration 0007 (contract section 11: send, send_many, emit_usage,
--- schedule_timer, cancel_timer and the helpers they call). SECURITY INVOKER: they run with the
--- api role's own rights, so EXECUTE adds no power beyond the grants above. Default privileges
--- cover an install after this run.
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA :"jobs_schema" TO :"api_role";
+    REVOKE ALL ON SEQUENCES FROM :"api_role";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"worker_role" IN SCHEMA :"jobs_schema"
-    GRANT EXECUTE ON FUNCTIONS TO :"api_role";
+    REVOKE ALL ON FUNCTIONS FROM :"api_role";
+-- Only the owner (the install) and this file run grant_api_role.
+REVOKE ALL ON FUNCTION :"jobs_schema".grant_api_role() FROM PUBLIC;
 
 -- The worker role in schema public: create the chassis tables when absent (migration 0002), and
 -- read and write the ones an app already owns (the purges delete, the key sweep updates, the
 -- orphan purge writes an audit row). An app-owned table keeps its owner; if it lacks an index the
 -- purges need, the migration cannot add it as this role: create that index as the table's owner.
---
--- The api role's job and queue actions (contract section 10: cancel, resume, retry, pause) each
--- write one audit row in their own statement: INSERT on public.audit_log (and the sequence of a
--- serial id), nothing more (it can neither read nor change the log). Deleting jobs and purging
--- queues need DELETE, which only the worker role has. Re-run this file once the install has
--- created audit_log.
+-- (The api role's INSERT on audit_log is one of grant_api_role's decisions; on an app-owned
+-- audit_log only this file, run as a superuser, can make it.)
 GRANT USAGE, CREATE ON SCHEMA public TO :"worker_role";
 DO $chassis$
 DECLARE
     w text := current_setting('chassis.worker_role');
-    api text := current_setting('chassis.api_role');
     t text;
     seq text;
 BEGIN
@@ -184,9 +385,6 @@ BEGIN
     LOOP
         CONTINUE WHEN to_regclass(format('public.%I', t)) IS NULL;
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON public.%I TO %I', t, w);
-        IF t = 'audit_log' THEN
-            EXECUTE format('GRANT INSERT ON public.audit_log TO %I', api);
-        END IF;
         -- The id sequence of a serial (not identity) column needs its own grant.
         FOR seq IN
             SELECT pg_get_serial_sequence(format('public.%I', t), a.attname)
@@ -196,13 +394,17 @@ BEGIN
         LOOP
             CONTINUE WHEN seq IS NULL;
             EXECUTE format('GRANT USAGE, SELECT ON SEQUENCE %s TO %I', seq, w);
-            IF t = 'audit_log' THEN
-                EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', seq, api);
-            END IF;
         END LOOP;
     END LOOP;
 END
 $chassis$;
+
+-- The api role's decided rights on every table, view, sequence and function there is now.
+DO $apply$
+BEGIN
+    EXECUTE format('SELECT %I.grant_api_role()', current_setting('chassis.jobs_schema'));
+END
+$apply$;
 
 RESET chassis.api_role;
 RESET chassis.jobs_schema;

@@ -12,6 +12,8 @@ from importlib.metadata import PackageNotFoundError, version
 import asyncpg
 import structlog
 
+from api_sender.query import Query
+from api_sender.schema import quoted
 from api_sender.schema import schedules_channel as schedules_channel  # re-exported
 
 from .db import statements as db
@@ -58,10 +60,37 @@ async def install(
         async with session_lock(conn, INSTALL, schema, timeout=lock_timeout):
             log.info("install.started", schema=schema, queues=len(jobs))
             await migrate(conn, schema, lock_timeout=lock_timeout)
+            await grant_api_role(conn, schema)
             await install_queues(conn, render(schema), schema, jobs, cron_tz=cron_tz)
             log.info("install.done", schema=schema)
     finally:
         await conn.close()
+
+
+#: config/roles.sql's grant function, when it was run on this database (none otherwise).
+_HAS_GRANTS = Query("has_api_grants", "SELECT to_regprocedure(:routine) IS NOT NULL")
+_GRANTS = Query("api_grants", "SELECT {s}.grant_api_role()")
+
+
+async def grant_api_role(conn: asyncpg.Connection, schema: str) -> None:
+    """Give the api role of config/roles.sql its decided rights on what the migrations just
+    created (roles.sql keeps no default privileges, so a new table has none until then); a
+    no-op without roles.sql, and one that writes nothing when the rights are already right.
+
+    A failure is logged, not raised: the worker's own work needs none of it (the api role's
+    readiness then names the missing right), and roles.sql run again sets the same grants."""
+    routine = f"{quoted(schema)}.grant_api_role()"
+    if not await db.fetchval(conn, _HAS_GRANTS.render(schema), routine=routine):
+        return
+    try:
+        async with conn.transaction():
+            await db.execute(conn, _GRANTS.render(schema))
+    except asyncpg.PostgresError as exc:
+        log.error(
+            "install.api_grants_failed",
+            error=f"{type(exc).__name__}: {exc}",
+            hint="run config/roles.sql again",
+        )
 
 
 async def install_queues(

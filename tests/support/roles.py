@@ -79,3 +79,77 @@ async def refused(conn: asyncpg.Connection, statement: str) -> bool:
     except asyncpg.InsufficientPrivilegeError:
         return True
     return False
+
+
+@contextlib.asynccontextmanager
+async def extra_role(admin_url: str, tag: str) -> AsyncIterator[str]:
+    """A plain login role of a fresh name (``tag`` marks the test file) beside the roles.sql
+    pair, e.g. another tenant of the server; dropped on the way out, so a test's databases
+    must be gone by then."""
+    name = f"chassis_other_{tag}{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(
+            f'CREATE ROLE "{name}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '
+            f"'{PASSWORD}'"
+        )
+    finally:
+        await admin.close()
+    try:
+        yield name
+    finally:
+        admin = await asyncpg.connect(admin_url)
+        try:
+            await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+        finally:
+            await admin.close()
+
+
+#: What has_table_privilege, has_sequence_privilege and has_column_privilege are asked.
+TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")
+COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
+
+_RELATION_RIGHTS = """
+SELECT n.nspname AS schema, c.relname AS relation, c.relkind::text AS kind,
+       ARRAY(SELECT p FROM unnest(CASE WHEN c.relkind = 'S' THEN $3::text[] ELSE $2::text[] END) p
+             WHERE CASE WHEN c.relkind = 'S' THEN has_sequence_privilege($1, c.oid, p)
+                        ELSE has_table_privilege($1, c.oid, p) END) AS granted
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = ANY($4::text[]) AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+"""
+_COLUMN_RIGHTS = """
+SELECT n.nspname AS schema, c.relname AS relation, a.attname AS column_name,
+       ARRAY(SELECT p FROM unnest($2::text[]) p
+             WHERE has_column_privilege($1, c.oid, a.attnum, p)) AS granted
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+WHERE n.nspname = ANY($3::text[]) AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+"""
+
+
+@dataclass(frozen=True)
+class Rights:
+    """A role's privileges on one relation: on the whole of it (a table's or a sequence's), and
+    on each of its columns (what has_column_privilege answers: the table's own count too)."""
+
+    kind: str
+    table: frozenset[str]
+    columns: dict[str, frozenset[str]]
+
+
+async def rights_of(
+    conn: asyncpg.Connection, role: str, schemas: tuple[str, ...]
+) -> dict[tuple[str, str], Rights]:
+    """Every relation (tables, views, sequences...) of ``schemas`` with ``role``'s actual
+    privileges on it and on each column, as the catalog answers."""
+    out: dict[tuple[str, str], Rights] = {}
+    for row in await conn.fetch(
+        _RELATION_RIGHTS, role, list(TABLE_PRIVILEGES), list(SEQUENCE_PRIVILEGES), list(schemas)
+    ):
+        out[(row["schema"], row["relation"])] = Rights(row["kind"], frozenset(row["granted"]), {})
+    for row in await conn.fetch(_COLUMN_RIGHTS, role, list(COLUMN_PRIVILEGES), list(schemas)):
+        out[(row["schema"], row["relation"])].columns[row["column_name"]] = frozenset(
+            row["granted"]
+        )
+    return out

@@ -618,7 +618,8 @@ SELECT q.name,
            'failed', COALESCE(f.counts -> 'failed', '0'))::text AS counts,
        w.oldest_waiting_seconds, q.policy, q.dead_letter, q.paused, s.cron, s.last_run
 FROM {s}.queue q
-LEFT JOIN {s}.schedule s ON s.queue = q.name
+-- The schedule through view queue_schedule (0009): the api role has no right on the table.
+LEFT JOIN {s}.queue_schedule s ON s.queue = q.name
 LEFT JOIN active a ON a.queue = q.name
 LEFT JOIN LATERAL (
     SELECT jsonb_object_agg(f.state, f.n) AS counts FROM finished f WHERE f.queue = q.name
@@ -646,8 +647,10 @@ ON CONFLICT (id) DO UPDATE SET completed_at = now(), version = EXCLUDED.version
 """
 
 INSTALL_STATE = """
-SELECT (SELECT max(version) FROM {s}.schema_migration) AS version,
-       (SELECT completed_at FROM {s}.install WHERE id = 1) AS installed_at
+-- api readiness: the newest migration and the install's completion, through view install_state
+-- (0009): the api role has no right on schema_migration or install. A database migrated only by
+-- an older release has no such view yet: undefined table, read as not installed.
+SELECT version, installed_at FROM {s}.install_state
 """
 
 
