@@ -23,6 +23,7 @@ from .db.connections import (
 )
 from .db.embedded import start_embedded
 from .db.migrations import SchemaMismatch, latest_version
+from .db.search_path import warn_if_unsafe
 from .declarations import JobDeclaration
 from .install import install
 from .jobs.registry import installed_jobs
@@ -213,6 +214,7 @@ async def _connect_pool(settings: Settings, url: str, state: ServiceState) -> as
         if not fits:
             with anyio.move_on_after(5, shield=True):
                 await pool.close()
+    await warn_if_unsafe(pool)
     return pool
 
 
