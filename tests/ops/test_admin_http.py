@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.postgres import installed_database
-from tests.support.processes import Daemon, start_daemon
+from tests.support.processes import Daemon, ready_daemon
 from tests.support.queues import make_queue
 from tests.usage.conftest import fetch
 
@@ -36,12 +36,8 @@ def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
 
 
 def _api(shared_db: str, tmp: pytest.TempPathFactory, name: str, **env: str) -> Iterator[Daemon]:
-    daemon = start_daemon(shared_db, tmp.mktemp(name), role="api", env=env, name=name)
-    try:
-        daemon.wait_ready(60)
+    with ready_daemon(shared_db, tmp.mktemp(name), role="api", env=env, name=name) as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture(scope="module")

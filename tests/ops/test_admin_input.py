@@ -16,7 +16,7 @@ import pytest
 
 from api_sender import USAGE_HELD_QUEUE, Sender, UsageEvent
 from tests.support.postgres import installed_database
-from tests.support.processes import Daemon, start_daemon
+from tests.support.processes import Daemon, ready_daemon
 from tests.support.queues import make_queue
 from tests.support.rawhttp import exchange, request_head
 from tests.usage.conftest import fetch
@@ -57,12 +57,10 @@ def shared_db(admin_url: str, template_name: str) -> Iterator[str]:
 
 def _api(shared_db: str, tmp: pytest.TempPathFactory, name: str, **env: str) -> Iterator[Daemon]:
     tokens = {"ADMIN_TOKEN": ADMIN, "CONSOLE_VIEW_TOKEN": VIEWER, "INGEST_TOKEN": INGEST}
-    daemon = start_daemon(shared_db, tmp.mktemp(name), role="api", env={**tokens, **env}, name=name)
-    try:
-        daemon.wait_ready(60)
+    with ready_daemon(
+        shared_db, tmp.mktemp(name), role="api", env={**tokens, **env}, name=name
+    ) as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from tests.support.postgres import installed_database
-from tests.support.processes import ROOT, Daemon, start_daemon
+from tests.support.processes import ROOT, Daemon, ready_daemon
 from tests.support.queues import make_queue
 from tests.support.tools import find_tool, unavailable
 from tests.usage.conftest import fetch as _fetch
@@ -113,18 +113,14 @@ def insert_job(url: str, queue: str, state: str, data: Any, error: str | None = 
 @pytest.fixture(scope="module")
 def console(shared_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """An api process serving the console, job data shown (to prove it is escaped)."""
-    daemon = start_daemon(
+    with ready_daemon(
         shared_db,
         tmp_path_factory.mktemp("console"),
         role="api",
         env={"ADMIN_TOKEN": ADMIN, "CONSOLE_VIEW_TOKEN": VIEWER, "ADMIN_SHOW_DATA": "true"},
         name="console",
-    )
-    try:
-        daemon.wait_ready(60)
+    ) as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,20 @@ def start_daemon(
     )
     handle.close()
     return Daemon(process, port, log_path, full_env)
+
+
+@contextmanager
+def ready_daemon(
+    database_url: str | None, log_dir: Path, *, timeout: float = 60.0, **options: Any
+) -> Iterator[Daemon]:
+    """:func:`start_daemon` with ``options``, waited ready (else the test fails with its log),
+    and stopped (SIGTERM) when the block ends."""
+    daemon = start_daemon(database_url, log_dir, **options)
+    try:
+        daemon.wait_ready(timeout)
+        yield daemon
+    finally:
+        daemon.stop()
 
 
 def run_cli(
