@@ -239,6 +239,16 @@ _KEYED_FILTER_METADATA = f"""jsonb_build_object(
         'skipped', {_SKIPPED})"""
 
 
+#: The first statement of resume and retry. Their second statement must see the commits of
+#: the lock holders it waited for, which only READ COMMITTED's new snapshot per statement does
+#: (under REPEATABLE READ the snapshot predates the locks, and two actions could each put back a
+#: job of one key). In the action's own transaction this sets it whatever the server's
+#: default_transaction_isolation; in a caller's transaction that is already READ COMMITTED it
+#: is a no-op; in a caller's REPEATABLE READ or SERIALIZABLE one that has run a query it fails
+#: with SQLSTATE 25001, which the caller hears as InvalidArgument (api_sender.jobs).
+READ_COMMITTED = Query("read_committed", "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
 class KeyedAction:
     """The statements of resume or retry (see the comment above): ``lock`` then ``act``, by
     ids or by filter, and the dry run's ``count``."""

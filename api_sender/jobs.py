@@ -490,6 +490,7 @@ def _keyed_action(
     The locks last to the end of that transaction."""
 
     def steps() -> Generator[Step, Rows, ActionResult]:
+        yield Step(q.READ_COMMITTED, {})
         locked = first((yield Step(lock, {**target, "max_locks": MAX_KEY_LOCKS})))
         _check_locks(action, locked["wanted"])
         rows = yield Step(act, {**values, "locked": list(locked["locked"])})
@@ -507,6 +508,11 @@ def _keyed_errors(action: Action) -> ErrorMap:
     def mapped(sqlstate: str, exc: BaseException) -> Exception | None:
         if sqlstate in ("23505", "40P01"):
             return KeyContention(action)
+        if sqlstate == "25001":
+            return InvalidArgument(
+                f"jobs.{action} must run at READ COMMITTED (it reads each key again after locking"
+                " it); the caller's transaction is at a stricter isolation level"
+            )
         return rights(sqlstate, exc)
 
     return mapped

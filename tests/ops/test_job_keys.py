@@ -357,3 +357,65 @@ async def _until_waiting(pool: asyncpg.Pool, task: asyncio.Task[object]) -> None
             return
         await asyncio.sleep(0.02)
     raise AssertionError("the resume never waited for the open send")
+
+
+async def test_a_repeatable_read_default_still_keeps_one_pending_timer_per_key(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """On a database whose default isolation is REPEATABLE READ, two retries of two cancelled
+    timers of one key at once leave one pending timer: the action's own transaction reads its
+    keys again after taking their locks (READ COMMITTED), not in the snapshot taken before."""
+    await make_queue(pool, "t")
+    name = db_url.rsplit("/", 1)[1].split("?")[0]
+    await pool.execute(
+        f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+    )
+    a = await asyncpg.create_pool(db_url, min_size=1, max_size=3)
+    b = await asyncpg.create_pool(db_url, min_size=1, max_size=3)
+    try:
+        assert await a.fetchval("SHOW default_transaction_isolation") == "repeatable read"
+        one, two = Sender(a), Sender(b)
+        for round_ in range(8):
+            keys = [f"rr{round_}k{n}" for n in range(8)]
+            pairs = [await cancelled_timers(one, "t", key, 2) for key in keys]
+            await asyncio.gather(
+                one.jobs.act("retry", [old for old, _ in pairs]),
+                two.jobs.act("retry", [new for _, new in pairs]),
+            )
+            waiting = await pending_per_key(pool, "t")
+            assert {k: waiting.get(k) for k in keys} == dict.fromkeys(keys, 1), round_
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_resume_inside_a_callers_repeatable_read_transaction_is_refused_cleanly(
+    db_url: str,
+) -> None:
+    """A SyncSender over the caller's psycopg connection in a REPEATABLE READ transaction (whose
+    snapshot cannot see a lock holder's commit) refuses resume with InvalidArgument naming the
+    isolation, changes nothing, and leaves the caller's transaction usable."""
+    need("psycopg", "psycopg")
+    import psycopg
+
+    async def prepare() -> list[int]:
+        pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
+        try:
+            await make_queue(pool, "t")
+            return await cancelled_timers(Sender(pool), "t", "k", 2)
+        finally:
+            await pool.close()
+
+    ids = asyncio.run(prepare())
+    with psycopg.connect(db_url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction():
+            assert conn.execute("SELECT count(*) FROM jobs.job").fetchone() == (2,)
+            with pytest.raises(InvalidArgument, match="READ COMMITTED"):
+                SyncSender(conn).jobs.act("resume", ids)
+            assert conn.execute(
+                "SELECT count(*) FROM jobs.job WHERE state = 'cancelled'"
+            ).fetchone() == (2,)
+        with conn.transaction():
+            rows = conn.execute("SELECT state::text FROM jobs.job ORDER BY id").fetchall()
+    assert rows == [("cancelled",), ("cancelled",)]

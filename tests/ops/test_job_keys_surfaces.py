@@ -4,6 +4,7 @@ the newest job of the key comes back, the rest are reported as skipped, nothing 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 
 import asyncpg
@@ -11,9 +12,13 @@ import httpx
 import pytest
 
 from api_sender import Sender
+from api_sender.jobs import ActionResult, KeyContention
 from tests.support.postgres import installed_database
 from tests.support.processes import Daemon, run_cli, start_daemon
 from tests.support.queues import make_queue
+from worker.http.admin.api import _answer
+from worker.settings import Settings
+from worker.state import ServiceState
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("admin-http")]
 
@@ -99,3 +104,21 @@ def test_admin_api_resume_of_one_keys_timers_answers_the_skipped(
     live = httpx.post(url, json={"filter": {"queue": "http-t"}, "dry_run": False}, headers=auth)
     assert live.status_code == 200, live.text
     assert live.json() == {"changed": 0, "ids": [], "skipped": 2, "dry_run": False}
+
+
+async def test_admin_api_answers_key_contention_with_409_not_500(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """A resume that met a send of its key three times in a row (KeyContention: nothing changed)
+    is 409 naming it on the admin API, not a bare 500."""
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, database_url=db_url, service_role="api"
+    )
+    state = ServiceState(settings=settings, pool=pool, sender=Sender(pool), not_ready_reason=None)
+
+    async def contended(_sender: Sender) -> ActionResult:
+        raise KeyContention("resume")
+
+    response = await _answer(state, contended, lambda result: result, action="resume")
+    assert response.status_code == 409
+    assert "resume" in json.loads(bytes(response.body))["error"]

@@ -23,7 +23,7 @@ from api_sender import (
     Sender,
 )
 from api_sender.events import parse_timestamp
-from api_sender.jobs import ACTION_STATES, MAX_PAGE, Action
+from api_sender.jobs import ACTION_STATES, MAX_PAGE, Action, KeyContention
 from api_sender.storable import segment
 
 from ...state import ServiceState
@@ -212,6 +212,9 @@ async def _answer(
         return HttpError(404, str(exc)).response()
     except PermissionDenied as exc:
         return HttpError(403, str(exc)).response()
+    except KeyContention as exc:
+        # Sends of the same keys kept committing under a resume: nothing changed; try again.
+        return HttpError(409, str(exc)).response()
     if result is None:
         return HttpError(404, "no such job").response()
     doc = render(result)

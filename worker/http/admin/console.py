@@ -26,7 +26,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from api_sender import Actor, InvalidArgument, JobFilter, PermissionDenied, QueueNotFound, Sender
-from api_sender.jobs import ACTION_STATES, STATES, Action
+from api_sender.jobs import ACTION_STATES, STATES, Action, KeyContention
 from api_sender.query import Query
 
 from ...db import statements as db
@@ -152,6 +152,8 @@ def console_routes(state: ServiceState) -> list[BaseRoute]:
             return failure(request, 404, "No such queue", str(exc))
         except PermissionDenied as exc:
             return failure(request, 403, "Not allowed", str(exc))
+        except KeyContention as exc:
+            return failure(request, 409, "Not possible now", str(exc))
         except TRANSIENT_ERRORS as exc:
             log.warning("console.database_unreachable", error=f"{type(exc).__name__}: {exc}")
             return failure(request, 503, "Database unreachable", "try again in a moment")
