@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import anyio
@@ -47,6 +48,12 @@ CANCEL_CHECK_GAP = 0.05
 CANCEL_CHECK_TIMEOUT = 5.0
 #: The longest pause before a cancel check that failed is tried again (seconds).
 CANCEL_CHECK_RETRY_CAP = 1.0
+#: How long a hinted job id that was not running here stays on watch (seconds): its claim may
+#: have committed with its handler not started yet (the claim's answer on its way, the job
+#: waiting for a runner), and the check runs again when it starts.
+EARLY_HINT_SECONDS = 5.0
+#: At most this many ids are watched so (a NOTIFY flood naming random ids costs no more).
+_EARLY_HINTS_KEPT = 10_000
 #: The longest job id a cancel hint may name (a bigint has at most 19 digits).
 _MAX_ID_DIGITS = 19
 #: How many ids a cancel log line lists: a NOTIFY anyone sends may name thousands.
@@ -172,6 +179,12 @@ class WorkerRuntime:
         self._hint = anyio.Event()
         #: The next cancel check looks at every running claim, not only the hinted ones.
         self._check_every = False
+        #: Hinted ids that were not running here at their check, with when they stop being
+        #: watched; every poller looks them up as a job starts (see Poller.early_hints).
+        self._early: dict[int, float] = {}
+        for poller in self.pollers:
+            poller.early_hints = self._early
+            poller.on_hinted_start = self._hinted_start
 
     def interrupt(self, payload: str) -> None:
         """A cancel NOTIFY, ``<owner> <id>,<id>...``: sent by a cancel or delete, but any role
@@ -190,6 +203,27 @@ class WorkerRuntime:
         if wanted:
             self._hinted |= wanted
             self._hint.set()
+
+    def _hinted_start(self, job_id: int) -> None:
+        """A job a cancel hint named before it ran here has started: check it now."""
+        self._early.pop(job_id, None)
+        self._hinted.add(job_id)
+        self._hint.set()
+
+    def _watch_early(self, ids: set[int]) -> None:
+        """Keep hinted ids that were not running for EARLY_HINT_SECONDS, and check at once any
+        that started while the check ran (it looked at the runs before its query)."""
+        now = time.monotonic()
+        for job_id in [i for i, until in self._early.items() if until <= now]:
+            del self._early[job_id]
+        started = {job.id for poller in self.pollers for job in poller.running()} & ids
+        if started:
+            self._hinted |= started
+            self._hint.set()
+        for job_id in ids - started:
+            if len(self._early) >= _EARLY_HINTS_KEPT:
+                break
+            self._early[job_id] = now + EARLY_HINT_SECONDS
 
     def _missed_hints(self) -> None:
         """The listener (re)connected: a cancel committed while it was not listening sent its
@@ -264,6 +298,7 @@ class WorkerRuntime:
                 running=sorted(interrupted),
             )
         ignored = hinted - {job.id for job in confirmed}
+        self._watch_early(ignored - {job.id for job in running})
         if ignored:
             # Not cancelled for the claim running here (a NOTIFY anyone sent, or one for an
             # earlier claim of a job retried and claimed again since), or not running here.

@@ -151,6 +151,11 @@ class Poller:
         #: The runs so interrupted whose handler has not ended yet, by ``id()`` of their
         #: ClaimedJob (the job itself is the value, so that id stays its own).
         self._cancelled: dict[int, ClaimedJob] = {}
+        #: Job ids a cancel hint named before their run started here (kept by the runtime for
+        #: a few seconds), and what to call when one of them starts: the hint came between the
+        #: claim and the handler's start, and is checked again now that the run is known.
+        self.early_hints: Mapping[int, float] = {}
+        self.on_hinted_start: Callable[[int], None] = _nothing
         self._work: deque[Work] = deque()
         #: Runners waiting for work, each on its own event; ``_waking`` counts those set but
         #: not yet running, so a burst of work wakes one spare runner at a time.
@@ -471,6 +476,13 @@ class Poller:
                         if work is None:
                             finished = True
                             break
+                        if scope.cancel_called:
+                            # The last job's deadline passed while this runner waited and the
+                            # wake-up came in the same turn: the cancel is pending, and would
+                            # fail this job as expired at its first await. Put it back and take
+                            # it again in a fresh scope.
+                            self._work.appendleft(work)
+                            break
                         current = work
                         if self._stopping:
                             self._hand_back(work)
@@ -522,6 +534,8 @@ class Poller:
         CURRENT_JOB.set((job.id, job.attempt))
         expiry.start(job.expire_seconds)
         expiry.job = job
+        if self.early_hints and job.id in self.early_hints:
+            self.on_hinted_start(job.id)
         try:
             await run_job(job)
         except FinalFailure as exc:
@@ -574,6 +588,10 @@ class Poller:
         finally:
             self._duration.observe(time.perf_counter() - started)
         self._done(jobs)
+
+
+def _nothing(_job_id: int) -> None:
+    """No cancel check to wake (a poller outside a worker runtime)."""
 
 
 class _Expiry:
